@@ -1,0 +1,66 @@
+// The public entry points: attention(), attention_weights(), attention_scores(), allowed_pairs().
+//
+//   Q [B, Hq, Lq, D]   K [B, Hkv, Lk, D]   V [B, Hkv, Lk, Dv]   →   O [B, Hq, Lq, Dv]
+//   LSE (optional) [B, Hq, Lq] f32: natural-log log-sum-exp of the row's softmax denominator.
+//
+// Q, K, V and O share one element type (f32, f16 or bf16). Hq % Hkv == 0; query head h reads
+// kv head h / (Hq / Hkv) (GQA/MQA). A row with no allowed key gives O = 0, LSE = −inf (or the sink
+// logit when there is a sink), weights 0 — never NaN, Lk = 0 included.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "maskattn/array.h"
+#include "maskattn/mask.h"
+#include "maskattn/score_mods.h"
+#include "maskattn/tensor.h"
+
+namespace maskattn {
+
+enum class Kernel : uint8_t {
+  automatic,  // the fastest available kernel
+  reference,  // the f64 oracle: exact, slow, O(Lk) scratch per row
+  fused,      // the tiled fast kernel (not in this version: asking for it is an error)
+};
+
+struct Options {
+  std::optional<double> scale;  // default 1/√D
+  bool check_finite = false;    // raise an Error naming the first NaN/Inf in Q, K or V
+  Kernel kernel = Kernel::automatic;
+  int threads = 0;  // 0 = OpenMP's default (all cores)
+};
+
+// O = softmax(S)·V with S = scale·Q·Kᵀ (+ modifiers) and the mask's hidden pairs removed.
+// `lse` is optional (a null view skips it). Throws maskattn::Error on invalid input, before
+// writing anything.
+void attention(const TensorView& q, const TensorView& k, const TensorView& v,
+               const MutableTensorView& out, const Mask& mask = {}, const ScoreMods& mods = {},
+               const Options& options = {}, const MutableTensorView& lse = {});
+
+// The materialised softmax weights P [B, Hq, Lq, Lk] (f32), for inspection and heatmaps. Hidden
+// pairs get exactly 0. Costs B·Hq·Lq·Lk floats: a debugging tool, not a compute path.
+void attention_weights(const TensorView& q, const TensorView& k, const MutableTensorView& weights,
+                       const Mask& mask = {}, const ScoreMods& mods = {},
+                       const Options& options = {});
+
+// The scores S [B, Hq, Lq, Lk] (f32) at one stage of the pipeline.
+enum class ScoreStage : uint8_t {
+  scaled,  // scale·Q·Kᵀ, nothing else
+  final,   // after every modifier, with hidden pairs set to −inf: what enters the softmax
+};
+void attention_scores(const TensorView& q, const TensorView& k, const MutableTensorView& scores,
+                      ScoreStage stage, const Mask& mask = {}, const ScoreMods& mods = {},
+                      const Options& options = {});
+
+// The mask alone, evaluated for a problem size: [B, Hq, Lq, Lk], 1 = allowed. Content-dependent
+// parts (threshold, score_fn) are not part of a mask and are not shown; additive −inf entries hide.
+struct MaskShape {
+  int64_t batch = 1;
+  int64_t q_heads = 1;
+  int64_t q_len = 0;
+  int64_t k_len = 0;
+};
+Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape);
+
+}  // namespace maskattn

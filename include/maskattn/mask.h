@@ -1,0 +1,202 @@
+// maskattn::Mask — which (query, key) pairs may attend. docs/semantics.md is the full definition.
+//
+// A Mask is a set of components; a pair (b, h, i, j) is allowed iff every component allows it.
+// Positions (DESIGN.md §2): key j of sequence b sits at kpos = j − key_start[b]; query i sits at
+//   bottom-right (default): qpos = i + (Lk − Lq) − key_start[b]
+//                           (with query AND key lengths: i + key_len[b] − query_len[b] −
+//                           key_start[b])
+//   top-left:               qpos = i − query_start[b]   (query starts, else key starts, else 0)
+// so a KV-cache step (Lq new queries after Lk − Lq cached keys) lines up without an offset
+// argument.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "maskattn/array.h"
+
+namespace maskattn {
+
+// An unbounded side of a window: window(kUnbounded, 0) is causal.
+inline constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
+
+enum class Alignment : uint8_t { bottom_right, top_left };
+
+// The query heads a component applies to (heads outside the set are not restricted by it).
+// Default: every head.
+class HeadSet {
+ public:
+  HeadSet() = default;
+  HeadSet(std::initializer_list<int64_t> heads);
+  static HeadSet range(int64_t first, int64_t end);  // heads first, …, end − 1
+
+  bool is_all() const { return all_; }
+  bool contains(int64_t head) const;
+  const std::vector<int64_t>& heads() const { return heads_; }
+  std::string to_string() const;  // "" for all heads, else "@heads=0,1,2"
+
+ private:
+  bool all_ = true;
+  std::vector<int64_t> heads_;  // sorted, unique, ≥ 0
+};
+
+enum class Side : uint8_t { query, key };
+
+namespace component {
+
+// qpos − left ≤ kpos ≤ qpos + right, inclusive. causal = Window{kUnbounded, 0}.
+struct Window {
+  int64_t left = kUnbounded;
+  int64_t right = 0;
+  HeadSet heads;
+};
+
+// ⌊qpos / size⌋ == ⌊kpos / size⌋ (Llama-4 chunked attention).
+struct Chunk {
+  int64_t size = 1;
+  HeadSet heads;
+};
+
+// Which tokens of each sequence are real. A padded key is hidden from every query; a padded query
+// row hides everything (its output is zero).
+struct Padding {
+  enum class Form : uint8_t {
+    lengths,    // values [B]: real tokens are [0, len[b])          (right padding)
+    starts,     // values [B]: real tokens are [start[b], L)        (left padding; moves positions)
+    keep,       // values [B, L]: 1 = real token, 0 = padding       (HF attention_mask)
+    token_ids,  // values [B, L]: real iff values[b][t] != pad_id
+  };
+  Side side = Side::key;
+  Form form = Form::lengths;
+  Array<int64_t> values;
+  int64_t pad_id = 0;
+};
+
+// seg_q[b][i] == seg_k[b][j] (packed documents). `shared`: one array for queries and keys.
+struct Segments {
+  Array<int64_t> query_ids;  // [B, Lq]
+  Array<int64_t> key_ids;    // [B, Lk]
+  bool shared = false;
+  HeadSet heads;
+};
+
+// Bidirectional spans: a pair hidden by causal/window components is allowed again when
+// span_q == span_k != 0 (image tokens, prefix-LM). Other components still apply.
+struct Spans {
+  Array<int64_t> query_ids;  // [B, Lq], 0 = in no span
+  Array<int64_t> key_ids;    // [B, Lk]
+  bool shared = false;
+  HeadSet heads;
+};
+
+// Prefix-LM: one bidirectional span over positions [0, length).
+struct Prefix {
+  int64_t length = 0;
+  HeadSet heads;
+};
+
+// A boolean matrix broadcasting (NumPy rules) to [B, Hq, Lq, Lk].
+struct DenseBool {
+  enum class Polarity : uint8_t {
+    keep,     // 1 = may attend (PyTorch SDPA bool attn_mask)
+    blocked,  // 1 = hidden (masked_fill, nn.MultiheadAttention, the seeds)
+  };
+  Polarity polarity = Polarity::keep;
+  Array<uint8_t> values;  // 0 or 1
+};
+
+// A float matrix broadcasting to [B, Hq, Lq, Lk], added to the scores. Only −inf hides; finite
+// values (−1e4, −1e9, finfo.min) are added exactly as given.
+struct DenseAdditive {
+  Array<float> values;
+};
+
+// A callable (b, h, i, j) → allowed, on row/column indices (FlexAttention's mask_mod). It is called
+// from several threads at once and must be safe for that.
+using PairPredicate = std::function<bool(int64_t b, int64_t h, int64_t i, int64_t j)>;
+struct Predicate {
+  PairPredicate allows;
+  std::string name = "predicate";
+};
+
+}  // namespace component
+
+using Component =
+    std::variant<component::Window, component::Chunk, component::Padding, component::Segments,
+                 component::Spans, component::Prefix, component::DenseBool,
+                 component::DenseAdditive, component::Predicate>;
+
+class Mask {
+ public:
+  Mask() = default;  // allows every pair
+
+  // Causal (look-ahead) mask: kpos ≤ qpos. The overload with an Alignment also sets the mask's
+  // alignment (see set_alignment).
+  Mask& causal(HeadSet heads = {});
+  Mask& causal(Alignment alignment, HeadSet heads = {});
+  // qpos − left ≤ kpos ≤ qpos + right; window(W, 0) sees W + 1 keys (FlashAttention convention).
+  Mask& window(int64_t left, int64_t right, HeadSet heads = {});
+  // W keys including the query's own position (HF / llama.cpp convention) = window(W − 1, 0).
+  Mask& sliding_window(int64_t keys, HeadSet heads = {});
+  Mask& chunk(int64_t size, HeadSet heads = {});
+
+  // Key padding (four forms) and query padding (the same four).
+  Mask& key_lengths(std::vector<int64_t> lengths);
+  Mask& key_starts(std::vector<int64_t> starts);
+  Mask& key_keep(Array<int64_t> keep);  // [B, Lk], 1 = real token
+  Mask& key_pad_id(Array<int64_t> token_ids, int64_t pad_id);
+  Mask& query_lengths(std::vector<int64_t> lengths);
+  Mask& query_starts(std::vector<int64_t> starts);
+  Mask& query_keep(Array<int64_t> keep);  // [B, Lq]
+  Mask& query_pad_id(Array<int64_t> token_ids, int64_t pad_id);
+
+  // Packed documents: one id array for both sides (needs Lq == Lk), or one per side.
+  Mask& segments(Array<int64_t> ids, HeadSet heads = {});
+  Mask& segments(Array<int64_t> query_ids, Array<int64_t> key_ids, HeadSet heads = {});
+  // Bidirectional spans (id 0 = no span), and prefix-LM over positions [0, length).
+  Mask& spans(Array<int64_t> ids, HeadSet heads = {});
+  Mask& spans(Array<int64_t> query_ids, Array<int64_t> key_ids, HeadSet heads = {});
+  Mask& prefix_lm(int64_t length, HeadSet heads = {});
+
+  // Dense masks of rank ≤ 4 that broadcast to [B, Hq, Lq, Lk].
+  Mask& keep(Array<uint8_t> keep);        // 1 = may attend
+  Mask& blocked(Array<uint8_t> blocked);  // 1 = hidden
+  Mask& additive(Array<float> values);    // added to the scores; −inf hides
+
+  Mask& predicate(component::PairPredicate allows, std::string name = "predicate");
+
+  // Query alignment when Lq ≠ Lk; applies to every position-dependent component. Setting two
+  // different alignments on one mask (or combining masks that did) is an error.
+  Mask& set_alignment(Alignment alignment);
+  Alignment alignment() const { return alignment_.value_or(Alignment::bottom_right); }
+  bool alignment_is_set() const { return alignment_.has_value(); }
+
+  // Intersection: a pair is allowed by a & b iff both allow it.
+  friend Mask operator&(Mask a, const Mask& b);
+
+  // The components in the order they were added, and a label for each used in error messages
+  // (the builder's name, or the CLI's "--mask SPEC").
+  const std::vector<Component>& components() const { return components_; }
+  const std::vector<std::string>& labels() const { return labels_; }
+  // Label the most recently added component (e.g. with the CLI argument it came from).
+  Mask& label_last(std::string label);
+
+  std::string describe() const;  // "causal & key_lengths[3]"; "none" for an empty mask
+
+ private:
+  Mask& add(Component component, std::string label);
+  Mask& add_padding(Side side, component::Padding::Form form, Array<int64_t> values, int64_t pad_id,
+                    const char* name);
+
+  std::vector<Component> components_;
+  std::vector<std::string> labels_;
+  std::optional<Alignment> alignment_;
+};
+
+}  // namespace maskattn

@@ -1,0 +1,26 @@
+// Mask and modifier SPEC strings, as the CLI's --mask takes them (docs/cli.md lists them all):
+//   causal  causal:top-left  window:LEFT:RIGHT  sliding-window:W  chunk:C  prefix:P
+//   key-lengths:FILE  key-starts:FILE  key-keep:FILE  pad-id:ID:FILE
+//   query-lengths:FILE  query-starts:FILE  query-keep:FILE  query-pad-id:ID:FILE
+//   segments:FILE  segments:QFILE:KFILE  spans:FILE  spans:QFILE:KFILE
+//   keep:FILE  blocked:FILE  additive:FILE
+//   alibi:FILE  softcap:X  sinks:FILE  threshold:X  bias:FILE
+// FILE is a .npy file. Shared by the CLI, the tools and (later) the Python package.
+#pragma once
+
+#include <string>
+
+#include "maskattn/mask.h"
+#include "maskattn/score_mods.h"
+
+namespace maskattn {
+
+// Parses one SPEC and adds the component to `mask` (labelled with `label`) or the modifier to
+// `mods`. Errors start with `label`; by default "mask spec '<spec>'".
+void apply_mask_spec(const std::string& spec, Mask& mask, ScoreMods& mods,
+                     const std::string& label = "");
+
+// One line per SPEC form with its meaning, for --help texts.
+const char* mask_spec_help();
+
+}  // namespace maskattn

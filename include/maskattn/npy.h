@@ -1,0 +1,69 @@
+// Reading and writing NumPy .npy files (format versions 1.0, 2.0, 3.0).
+//
+// Supported element types (little-endian, as numpy writes them on x86/ARM): float16/32/64, bool,
+// int8/16/32/64, uint8/16/32/64; C and Fortran order (Fortran arrays are transposed to C order on
+// read). Anything else — big-endian, structured or object dtypes, a malformed, truncated or
+// oversized header, a shape whose data would not fit in the file — raises maskattn::Error naming
+// the file, never reads past the data it was given.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "maskattn/dtype.h"
+#include "maskattn/shape.h"
+
+namespace maskattn {
+
+enum class NpyType : uint8_t { f2, f4, f8, b1, i1, i2, i4, i8, u1, u2, u4, u8 };
+
+const char* npy_type_name(NpyType type);   // numpy's name: "float32", "bool", "uint16", ...
+const char* npy_type_descr(NpyType type);  // the header's descr: "<f4", "|b1", ...
+size_t npy_type_size(NpyType type);        // bytes per element
+
+// An array as stored in a .npy file: element type, shape, raw little-endian bytes in C order.
+class NpyArray {
+ public:
+  NpyArray() = default;
+  // Throws Error if bytes.size() != numel(shape) · npy_type_size(type).
+  NpyArray(NpyType type, Dims shape, std::vector<uint8_t> bytes);
+
+  static NpyArray from_floats(const std::vector<float>& values, Dims shape);
+  static NpyArray from_float16(const std::vector<float16>& values, Dims shape);
+  static NpyArray from_int64(const std::vector<int64_t>& values, Dims shape);
+  static NpyArray from_bools(const std::vector<uint8_t>& values, Dims shape);  // 0/1 → |b1
+
+  NpyType type() const { return type_; }
+  const Dims& shape() const { return shape_; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t numel() const;
+  const std::vector<uint8_t>& bytes() const { return bytes_; }
+  bool is_float() const;  // f2, f4, f8
+
+  // Element conversions. `what` names the array in error messages ("--q q.npy", "key lengths").
+  // to_float32: float types only (float64 rounds to nearest f32); integers and bool are refused.
+  std::vector<float> to_float32(const std::string& what) const;
+  // to_float16: float16 arrays only, bits copied.
+  std::vector<float16> to_float16(const std::string& what) const;
+  // to_int64: bool and integer types only (uint64 values above INT64_MAX are refused).
+  std::vector<int64_t> to_int64(const std::string& what) const;
+
+ private:
+  NpyType type_ = NpyType::f4;
+  Dims shape_;
+  std::vector<uint8_t> bytes_;
+};
+
+// Parses a whole .npy image held in memory; `name` is used in error messages.
+NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& name);
+// Reads a file; errors name the path.
+NpyArray read_npy(const std::string& path);
+
+// Format 1.0 (2.0 when the header needs it), C order, header padded to a multiple of 64 bytes.
+std::vector<uint8_t> serialize_npy(const NpyArray& array);
+// Writes the file; throws Error naming the path if it cannot be written completely.
+void write_npy(const std::string& path, const NpyArray& array);
+
+}  // namespace maskattn

@@ -1,0 +1,284 @@
+#include "maskattn/mask_spec.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <string_view>
+#include <vector>
+
+#include "maskattn/error.h"
+#include "maskattn/npy.h"
+
+namespace maskattn {
+
+namespace {
+
+// Splits "a:b:c" into its parts (no limit).
+std::vector<std::string> split_colons(const std::string& text) {
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  while (true) {
+    const size_t colon = text.find(':', begin);
+    parts.push_back(text.substr(begin, colon - begin));
+    if (colon == std::string::npos) return parts;
+    begin = colon + 1;
+  }
+}
+
+class SpecParser {
+ public:
+  SpecParser(const std::string& spec, Mask& mask, ScoreMods& mods, std::string label)
+      : spec_(spec), mask_(mask), mods_(mods), label_(std::move(label)) {
+    const size_t colon = spec.find(':');
+    kind_ = spec.substr(0, colon);
+    if (colon != std::string::npos) argument_ = spec.substr(colon + 1);
+    has_argument_ = colon != std::string::npos;
+  }
+
+  void apply() {
+    try {
+      dispatch();
+    } catch (const Error& error) {
+      const std::string message = error.what();
+      // Errors from the builder or the file reader get the spec in front; our own already have it.
+      if (message.rfind(label_, 0) == 0) throw;
+      throw Error(label_ + ": " + message);
+    }
+    if (added_component_) mask_.label_last(label_);
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) const { throw Error(label_ + ": " + why); }
+
+  void dispatch() {
+    if (kind_ == "causal") return causal();
+    if (kind_ == "window") return window();
+    if (kind_ == "sliding-window") return component([&] { mask_.sliding_window(integer(one())); });
+    if (kind_ == "chunk") return component([&] { mask_.chunk(integer(one())); });
+    if (kind_ == "prefix") return component([&] { mask_.prefix_lm(integer(one())); });
+    if (kind_ == "key-lengths") return component([&] { mask_.key_lengths(vector_file(one())); });
+    if (kind_ == "key-starts") return component([&] { mask_.key_starts(vector_file(one())); });
+    if (kind_ == "key-keep") return component([&] { mask_.key_keep(int_file(one(), 2)); });
+    if (kind_ == "pad-id") return pad_id(Side::key);
+    if (kind_ == "query-lengths") {
+      return component([&] { mask_.query_lengths(vector_file(one())); });
+    }
+    if (kind_ == "query-starts") return component([&] { mask_.query_starts(vector_file(one())); });
+    if (kind_ == "query-keep") return component([&] { mask_.query_keep(int_file(one(), 2)); });
+    if (kind_ == "query-pad-id") return pad_id(Side::query);
+    if (kind_ == "segments" || kind_ == "spans") return id_pair();
+    if (kind_ == "keep") return component([&] { mask_.keep(bool_file(one())); });
+    if (kind_ == "blocked") return component([&] { mask_.blocked(bool_file(one())); });
+    if (kind_ == "additive") return component([&] { mask_.additive(float_file(one())); });
+    if (kind_ == "alibi") return per_head_modifier(mods_.alibi_slopes, "alibi");
+    if (kind_ == "sinks") return per_head_modifier(mods_.sinks, "sinks");
+    if (kind_ == "softcap") return scalar_modifier(mods_.softcap, "softcap");
+    if (kind_ == "threshold") return scalar_modifier(mods_.threshold, "threshold");
+    if (kind_ == "bias") {
+      if (mods_.bias) fail("bias given twice");
+      mods_.bias = float_file(one());
+      return;
+    }
+    fail("unknown kind '" + kind_ +
+         "'; known: causal, window, sliding-window, chunk, prefix, key-lengths, key-starts, "
+         "key-keep, pad-id, query-lengths, query-starts, query-keep, query-pad-id, segments, "
+         "spans, keep, blocked, additive, alibi, softcap, sinks, threshold, bias");
+  }
+
+  template <typename Add>
+  void component(Add&& add) {
+    add();
+    added_component_ = true;
+  }
+
+  // The single argument after "kind:".
+  std::string one() const {
+    if (!has_argument_ || argument_.empty()) fail("'" + kind_ + "' needs an argument");
+    return argument_;
+  }
+
+  int64_t integer(const std::string& text) const {
+    int64_t value = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (error != std::errc() || end != text.data() + text.size()) {
+      fail("'" + text + "' is not an integer");
+    }
+    return value;
+  }
+
+  int64_t bound(const std::string& text) const {
+    return text == "inf" ? kUnbounded : integer(text);
+  }
+
+  double real(const std::string& text) const {
+    char* end = nullptr;
+    const double value = std::strtod(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size() || std::isnan(value)) {
+      fail("'" + text + "' is not a number");
+    }
+    return value;
+  }
+
+  void causal() {
+    if (!has_argument_ || argument_ == "bottom-right") {
+      if (has_argument_) mask_.set_alignment(Alignment::bottom_right);
+      mask_.causal();
+    } else if (argument_ == "top-left") {
+      mask_.causal(Alignment::top_left);
+    } else {
+      fail("causal alignment '" + argument_ + "' is not 'top-left' or 'bottom-right'");
+    }
+    added_component_ = true;
+  }
+
+  void window() {
+    const std::vector<std::string> sides = split_colons(one());
+    if (sides.size() != 2) fail("window needs LEFT:RIGHT, e.g. window:128:0 or window:inf:0");
+    component([&] { mask_.window(bound(sides[0]), bound(sides[1])); });
+  }
+
+  void pad_id(Side side) {
+    const std::string rest = one();
+    const size_t colon = rest.find(':');
+    if (colon == std::string::npos || colon + 1 == rest.size()) {
+      fail(kind_ + " needs ID:FILE, e.g. " + kind_ + ":0:ids.npy");
+    }
+    const int64_t id = integer(rest.substr(0, colon));
+    Array<int64_t> ids = int_file(rest.substr(colon + 1), 2);
+    component([&] {
+      if (side == Side::key)
+        mask_.key_pad_id(std::move(ids), id);
+      else
+        mask_.query_pad_id(std::move(ids), id);
+    });
+  }
+
+  // segments:FILE (shared ids, Lq == Lk) or segments:QFILE:KFILE; the same for spans.
+  void id_pair() {
+    const std::string rest = one();
+    const size_t colon = rest.find(':');
+    const bool segments = kind_ == "segments";
+    if (colon == std::string::npos) {
+      Array<int64_t> ids = int_file(rest, 2);
+      component([&] {
+        if (segments)
+          mask_.segments(std::move(ids));
+        else
+          mask_.spans(std::move(ids));
+      });
+      return;
+    }
+    Array<int64_t> query_ids = int_file(rest.substr(0, colon), 2);
+    Array<int64_t> key_ids = int_file(rest.substr(colon + 1), 2);
+    component([&] {
+      if (segments)
+        mask_.segments(std::move(query_ids), std::move(key_ids));
+      else
+        mask_.spans(std::move(query_ids), std::move(key_ids));
+    });
+  }
+
+  void per_head_modifier(std::vector<float>& target, const char* name) {
+    if (!target.empty()) fail(std::string(name) + " given twice");
+    const Array<float> values = float_file(one());
+    if (values.rank() != 1) {
+      fail(std::string(name) + " file has shape " + shape_string(values.shape()) +
+           "; expected [Hq]");
+    }
+    if (values.numel() == 0) fail(std::string(name) + " file is empty; expected [Hq] values");
+    target = values.values();
+  }
+
+  void scalar_modifier(std::optional<double>& target, const char* name) {
+    if (target) fail(std::string(name) + " given twice");
+    target = real(one());
+  }
+
+  NpyArray load(const std::string& path) const { return read_npy(path); }
+
+  std::vector<int64_t> vector_file(const std::string& path) const {
+    const NpyArray array = load(path);
+    if (array.rank() != 1) {
+      fail(path + " has shape " + shape_string(array.shape()) + "; expected [B]");
+    }
+    return array.to_int64(path);
+  }
+
+  Array<int64_t> int_file(const std::string& path, int rank) const {
+    const NpyArray array = load(path);
+    if (array.rank() != rank) {
+      fail(path + " has shape " + shape_string(array.shape()) + "; expected rank " +
+           std::to_string(rank) + (rank == 2 ? " [B,L]" : ""));
+    }
+    return Array<int64_t>(array.shape(), array.to_int64(path));
+  }
+
+  Array<uint8_t> bool_file(const std::string& path) const {
+    const NpyArray array = load(path);
+    if (array.is_float()) {
+      fail(path + " has dtype " + npy_type_name(array.type()) + "; " + kind_ +
+           " masks are bool or 0/1 integers (for a float mask use additive:FILE)");
+    }
+    const std::vector<int64_t> values = array.to_int64(path);
+    std::vector<uint8_t> flags(values.size());
+    for (size_t n = 0; n < values.size(); ++n) {
+      if (values[n] != 0 && values[n] != 1) {
+        fail(path + " holds " + std::to_string(values[n]) + " at flat index " + std::to_string(n) +
+             "; " + kind_ + " masks hold only 0 and 1");
+      }
+      flags[n] = static_cast<uint8_t>(values[n]);
+    }
+    return Array<uint8_t>(array.shape(), std::move(flags));
+  }
+
+  Array<float> float_file(const std::string& path) const {
+    const NpyArray array = load(path);
+    return Array<float>(array.shape(), array.to_float32(path));
+  }
+
+  const std::string& spec_;
+  Mask& mask_;
+  ScoreMods& mods_;
+  std::string label_;
+  std::string kind_, argument_;
+  bool has_argument_ = false;
+  bool added_component_ = false;
+};
+
+}  // namespace
+
+void apply_mask_spec(const std::string& spec, Mask& mask, ScoreMods& mods,
+                     const std::string& label) {
+  SpecParser(spec, mask, mods, label.empty() ? "mask spec '" + spec + "'" : label).apply();
+}
+
+const char* mask_spec_help() {
+  return R"(Mask SPECs (repeat --mask; a pair is allowed iff every component allows it):
+  causal                  kpos <= qpos, bottom-right aligned (the last query sits at the last key)
+  causal:top-left         kpos <= qpos with qpos = i (PyTorch is_causal); sets the mask's alignment
+  window:LEFT:RIGHT       qpos-LEFT <= kpos <= qpos+RIGHT, inclusive; 'inf' = unbounded side
+  sliding-window:W        W keys including the query's own position (= window:W-1:0)
+  chunk:C                 floor(qpos/C) == floor(kpos/C)
+  prefix:P                positions [0,P) attend each other both ways (prefix-LM)
+  key-lengths:FILE        [B] ints: keys j < len[b] are real (right padding)
+  key-starts:FILE         [B] ints: keys j >= start[b] are real (left padding; positions shift)
+  key-keep:FILE           [B,Lk] 0/1: 1 = real key (HF attention_mask)
+  pad-id:ID:FILE          [B,Lk] token ids: keys whose id == ID are padding
+  query-lengths:FILE      [B] ints: queries i >= len[b] are padding (their rows output 0)
+  query-starts:FILE, query-keep:FILE, query-pad-id:ID:FILE   the other query padding forms
+  segments:FILE           [B,L] ids (Lq == Lk): attend only within the same segment
+  segments:QFILE:KFILE    [B,Lq] and [B,Lk] segment ids
+  spans:FILE              [B,L] ids: equal non-zero ids attend both ways despite causal/window
+  spans:QFILE:KFILE       [B,Lq] and [B,Lk] span ids
+  keep:FILE               bool/0-1 array broadcasting to [B,Hq,Lq,Lk]: 1 = may attend
+  blocked:FILE            bool/0-1 array broadcasting to [B,Hq,Lq,Lk]: 1 = hidden
+  additive:FILE           float array broadcasting to [B,Hq,Lq,Lk], added; only -inf hides
+  alibi:FILE              [Hq] slopes: score -= slope[h]*|qpos-kpos|
+  softcap:X               score = X*tanh(score/X), before masks and biases
+  sinks:FILE              [Hq] sink logits that join each row's softmax denominator
+  threshold:X             hide pairs whose final score is below X
+  bias:FILE               float array broadcasting to [B,Hq,Lq,Lk], added to the scores
+)";
+}
+
+}  // namespace maskattn

@@ -1,0 +1,699 @@
+// NumPy .npy reading and writing. Format reference: numpy/lib/format.py and NEP 1.
+//
+// Layout: magic "\x93NUMPY", major and minor version bytes, the header length (uint16 LE for 1.0,
+// uint32 LE for 2.0/3.0), the header (a Python dict literal padded with spaces and ending in
+// '\n'), then the raw element bytes.
+#include "maskattn/npy.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <string_view>
+#include <system_error>
+
+#include "maskattn/error.h"
+
+namespace maskattn {
+namespace {
+
+constexpr std::string_view kMagic("\x93NUMPY", 6);
+constexpr size_t kAlignment = 64;  // numpy's ARRAY_ALIGN: data starts on a 64-byte boundary
+// numpy leaves room to rewrite shape[0] in place with up to this many digits (numpy >= 1.24).
+constexpr size_t kGrowthAxisMaxDigits = 21;
+constexpr size_t kMaxRank = 32;  // numpy 1.x's NPY_MAXDIMS
+
+static_assert(sizeof(float16) == 2, "float16 must be exactly its 16 bits to be memcpy'd");
+
+struct TypeInfo {
+  NpyType type;
+  const char* name;
+  const char* descr;
+  size_t size;
+};
+
+// Indexed by the NpyType value.
+constexpr TypeInfo kTypes[] = {
+    {NpyType::f2, "float16", "<f2", 2}, {NpyType::f4, "float32", "<f4", 4},
+    {NpyType::f8, "float64", "<f8", 8}, {NpyType::b1, "bool", "|b1", 1},
+    {NpyType::i1, "int8", "|i1", 1},    {NpyType::i2, "int16", "<i2", 2},
+    {NpyType::i4, "int32", "<i4", 4},   {NpyType::i8, "int64", "<i8", 8},
+    {NpyType::u1, "uint8", "|u1", 1},   {NpyType::u2, "uint16", "<u2", 2},
+    {NpyType::u4, "uint32", "<u4", 4},  {NpyType::u8, "uint64", "<u8", 8},
+};
+
+constexpr bool types_indexed_by_value() {
+  for (size_t i = 0; i < std::size(kTypes); ++i) {
+    if (static_cast<size_t>(kTypes[i].type) != i) return false;
+  }
+  return true;
+}
+static_assert(types_indexed_by_value(), "kTypes must list the types in NpyType order");
+
+const TypeInfo& type_info(NpyType type) {
+  const auto index = static_cast<size_t>(type);
+  if (index >= std::size(kTypes)) {
+    throw Error("invalid NpyType value " + std::to_string(index));
+  }
+  return kTypes[index];
+}
+
+// Renders untrusted header text for an error message: quoted, non-printable bytes escaped, long
+// text cut short so that a hostile header cannot produce a megabyte-sized message.
+std::string excerpt(std::string_view text) {
+  constexpr size_t kMaxShown = 40;
+  std::string out = "'";
+  for (size_t i = 0; i < text.size() && i < kMaxShown; ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte >= 0x20 && byte < 0x7F) {
+      out += static_cast<char>(byte);
+    } else {
+      constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[byte >> 4];
+      out += kHex[byte & 0xF];
+    }
+  }
+  if (text.size() > kMaxShown) out += "...";
+  return out + "'";
+}
+
+// Bytes needed to hold `shape` of `type`; throws Error starting with `what` if that overflows.
+int64_t checked_byte_size(NpyType type, const Dims& shape, const std::string& what) {
+  const int64_t numel = checked_numel(shape, what);
+  const auto element_size = static_cast<int64_t>(npy_type_size(type));
+  if (numel > std::numeric_limits<int64_t>::max() / element_size) {
+    throw Error(what + " shape " + shape_string(shape) + " of " + npy_type_name(type) +
+                " is too large: its data size overflows int64");
+  }
+  return numel * element_size;
+}
+
+std::string shape_and_type(const Dims& shape, NpyType type) {
+  return "shape " + shape_string(shape) + " of " + npy_type_name(type);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Header parsing
+
+struct NpyHeader {
+  NpyType type = NpyType::f4;
+  bool fortran_order = false;
+  Dims shape;
+};
+
+// Maps a descr such as "<f4" to a type. Byte order: '<' little-endian, '=' native (little-endian
+// on every host this library supports), '|' not applicable (1-byte types only), '>' big-endian.
+NpyType type_from_descr(const std::string& descr, const std::string& name) {
+  const TypeInfo* match = nullptr;
+  for (const TypeInfo& info : kTypes) {
+    if (descr.size() >= 2 && descr.compare(1, std::string::npos, info.descr + 1) == 0) {
+      match = &info;
+    }
+  }
+  if (match == nullptr) {
+    throw Error(name + ": unsupported dtype " + excerpt(descr) +
+                " (supported: float16/32/64, bool, int8/16/32/64, uint8/16/32/64)");
+  }
+  const char order = descr[0];
+  // A single byte has no byte order, so every order character describes the same data.
+  if (match->size == 1 && (order == '|' || order == '<' || order == '=' || order == '>')) {
+    return match->type;
+  }
+  if (order == '<' || order == '=') return match->type;
+  if (order == '>') {
+    throw Error(name + ": big-endian dtype " + excerpt(descr) +
+                " is unsupported; convert the array to little-endian first, e.g. arr.astype('<" +
+                std::string(match->descr + 1) + "')");
+  }
+  throw Error(name + ": unsupported dtype " + excerpt(descr) + " (a " + match->name +
+              " descr must start with '<')");
+}
+
+// A strict recursive-descent parser for the subset of Python literal syntax numpy writes:
+//   {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+// Keys may come in any order, strings may use either quote, whitespace is free, trailing commas
+// are allowed, and integers may carry Python 2's 'L' suffix.
+class HeaderParser {
+ public:
+  HeaderParser(std::string_view text, const std::string& name) : text_(text), name_(name) {}
+
+  NpyHeader parse() {
+    NpyHeader header;
+    bool seen_descr = false, seen_fortran_order = false, seen_shape = false;
+    skip_space();
+    expect('{', "'{' at the start of the header (it must be a Python dict)");
+    while (true) {
+      skip_space();
+      if (consume('}')) break;
+      if (!at_quote()) fail("expected a quoted key or '}'");
+      const std::string key = parse_string();
+      skip_space();
+      expect(':', "':' after key " + excerpt(key));
+      skip_space();
+      if (key == "descr") {
+        mark_seen(seen_descr, key);
+        header.type = type_from_descr(parse_descr(), name_);
+      } else if (key == "fortran_order") {
+        mark_seen(seen_fortran_order, key);
+        header.fortran_order = parse_bool(key);
+      } else if (key == "shape") {
+        mark_seen(seen_shape, key);
+        header.shape = parse_shape();
+      } else {
+        fail("unknown key " + excerpt(key) + " (expected 'descr', 'fortran_order' and 'shape')");
+      }
+      skip_space();
+      if (consume(',')) continue;
+      expect('}', "',' or '}' after the value of " + excerpt(key));
+      break;
+    }
+    skip_space();
+    if (pos_ != text_.size()) fail("unexpected text after the closing '}'");
+    if (!seen_descr) fail("missing key 'descr'");
+    if (!seen_fortran_order) fail("missing key 'fortran_order'");
+    if (!seen_shape) fail("missing key 'shape'");
+    return header;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& problem) const {
+    throw Error(name_ + ": invalid .npy header: " + problem + " (at header byte " +
+                std::to_string(pos_) + ")");
+  }
+
+  void mark_seen(bool& seen, const std::string& key) const {
+    if (seen) fail("duplicate key " + excerpt(key));
+    seen = true;
+  }
+
+  bool at_end() const { return pos_ >= text_.size(); }
+  char peek() const { return at_end() ? '\0' : text_[pos_]; }
+  bool at_quote() const { return !at_end() && (peek() == '\'' || peek() == '"'); }
+  static bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+  void skip_space() {
+    while (!at_end() && std::strchr(" \t\n\r\f\v", text_[pos_]) != nullptr) ++pos_;
+  }
+
+  bool consume(char c) {
+    if (at_end() || text_[pos_] != c) return false;
+    ++pos_;
+    return true;
+  }
+
+  // Consumes `c` or fails with "expected <expectation>, found <what is there>".
+  void expect(char c, const std::string& expectation) {
+    if (consume(c)) return;
+    const std::string found = at_end() ? "the end of the header" : excerpt(text_.substr(pos_, 1));
+    fail("expected " + expectation + ", found " + found);
+  }
+
+  // A quoted string without escapes: numpy never needs them for the values we accept.
+  std::string parse_string() {
+    const char quote = text_[pos_++];
+    const size_t start = pos_;
+    while (!at_end() && text_[pos_] != quote) {
+      if (text_[pos_] == '\\') fail("escape sequences in strings are not supported");
+      if (text_[pos_] == '\n') break;
+      ++pos_;
+    }
+    if (at_end() || text_[pos_] != quote) fail("unterminated string");
+    ++pos_;
+    return std::string(text_.substr(start, pos_ - 1 - start));
+  }
+
+  std::string parse_descr() {
+    if (peek() == '[') {
+      fail("structured dtypes (a 'descr' list of fields) are unsupported; save a plain array");
+    }
+    if (!at_quote()) fail("'descr' must be a string such as '<f4'");
+    return parse_string();
+  }
+
+  // A bare word such as True or 123L.
+  std::string_view parse_word() {
+    const size_t start = pos_;
+    while (!at_end() &&
+           (std::isalnum(static_cast<unsigned char>(text_[pos_])) != 0 || text_[pos_] == '_')) {
+      ++pos_;
+    }
+    return text_.substr(start, pos_ - start);
+  }
+
+  bool parse_bool(const std::string& key) {
+    const size_t start = pos_;
+    const std::string_view word = parse_word();
+    if (word == "True") return true;
+    if (word == "False") return false;
+    pos_ = start;
+    fail(excerpt(key) + " must be True or False");
+  }
+
+  Dims parse_shape() {
+    if (!consume('(')) fail("'shape' must be a tuple of ints such as (2, 3)");
+    Dims shape;
+    skip_space();
+    if (consume(')')) return shape;  // () is a scalar
+    bool saw_comma = false;
+    while (true) {
+      shape.push_back(parse_dim());
+      if (shape.size() > kMaxRank) {
+        fail("'shape' has more than " + std::to_string(kMaxRank) + " dimensions");
+      }
+      skip_space();
+      if (consume(',')) {
+        saw_comma = true;
+        skip_space();
+        if (consume(')')) break;
+        continue;
+      }
+      expect(')', "',' or ')' in 'shape'");
+      break;
+    }
+    // In Python (5) is just the int 5, which numpy refuses as a shape too.
+    if (shape.size() == 1 && !saw_comma) {
+      const std::string size = std::to_string(shape[0]);
+      fail("'shape' (" + size + ") is not a tuple; a one-dimensional shape is written (" + size +
+           ",)");
+    }
+    return shape;
+  }
+
+  int64_t parse_dim() {
+    if (peek() == '-') fail("'shape' has a negative size");
+    if (!is_digit(peek())) fail("expected a non-negative integer in 'shape'");
+    int64_t value = 0;
+    while (is_digit(peek())) {
+      const int digit = text_[pos_] - '0';
+      if (value > (std::numeric_limits<int64_t>::max() - digit) / 10) {
+        fail("a 'shape' size is too large for int64");
+      }
+      value = value * 10 + digit;
+      ++pos_;
+    }
+    consume('L');  // Python 2 wrote long integers as 123L
+    return value;
+  }
+
+  std::string_view text_;
+  const std::string& name_;
+  size_t pos_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Preamble: magic, version and header length
+
+struct Preamble {
+  size_t header_offset = 0;  // where the dict text starts
+  size_t header_size = 0;
+};
+
+uint32_t read_le(const uint8_t* bytes, size_t count) {
+  uint32_t value = 0;
+  for (size_t i = count; i-- > 0;) value = (value << 8) | bytes[i];
+  return value;
+}
+
+Preamble parse_preamble(const uint8_t* data, size_t size, const std::string& name) {
+  const size_t magic_present = std::min(size, kMagic.size());
+  if (magic_present > 0 && std::memcmp(data, kMagic.data(), magic_present) != 0) {
+    throw Error(name + ": not a .npy file (it does not start with \"\\x93NUMPY\")");
+  }
+  const std::string too_short = name + ": truncated preamble: file has " + std::to_string(size) +
+                                " bytes, too few for the .npy magic, version and header length";
+  if (size < kMagic.size() + 2) throw Error(too_short);
+  const int major = data[6], minor = data[7];
+  if ((major < 1 || major > 3) || minor != 0) {
+    throw Error(name + ": unsupported .npy format version " + std::to_string(major) + "." +
+                std::to_string(minor) + " (supported: 1.0, 2.0, 3.0)");
+  }
+  const size_t length_size = major == 1 ? 2 : 4;
+  Preamble preamble;
+  preamble.header_offset = kMagic.size() + 2 + length_size;
+  if (size < preamble.header_offset) throw Error(too_short);
+  preamble.header_size = read_le(data + 8, length_size);
+  const size_t available = size - preamble.header_offset;
+  if (preamble.header_size > available) {
+    throw Error(name + ": truncated header: it should be " + std::to_string(preamble.header_size) +
+                " bytes, file has " + std::to_string(available) + " after the preamble");
+  }
+  return preamble;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data
+
+// numpy writes a Fortran-order array as the C-order bytes of its transpose: the first index
+// varies fastest. Walks the source in that order with an odometer and scatters each element to
+// its C-order position. The header parser caps the rank at kMaxRank, so the odometer fits in
+// fixed arrays.
+std::vector<uint8_t> fortran_to_c_order(const uint8_t* data, const Dims& shape, int64_t numel,
+                                        size_t element_size) {
+  const size_t rank = shape.size();
+  if (rank > kMaxRank) throw Error("fortran_to_c_order: rank " + std::to_string(rank) + " > 32");
+  std::vector<uint8_t> out(static_cast<size_t>(numel) * element_size);
+  std::array<int64_t, kMaxRank> c_stride{};
+  int64_t stride = 1;
+  for (size_t axis = rank; axis-- > 0;) {
+    c_stride[axis] = stride;
+    stride *= shape[axis];
+  }
+  std::array<int64_t, kMaxRank> index{};
+  int64_t target = 0;
+  for (int64_t source = 0; source < numel; ++source) {
+    std::memcpy(out.data() + target * element_size, data + source * element_size, element_size);
+    for (size_t axis = 0; axis < rank; ++axis) {
+      target += c_stride[axis];
+      if (++index[axis] < shape[axis]) break;
+      target -= c_stride[axis] * shape[axis];
+      index[axis] = 0;
+    }
+  }
+  return out;
+}
+
+// numpy's bool is one byte holding 0 or 1; anything else means the file is not what it claims.
+void check_bools(const std::vector<uint8_t>& bytes, const std::string& name) {
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (bytes[i] > 1) {
+      throw Error(name + ": bool element " + std::to_string(i) + " has byte value " +
+                  std::to_string(bytes[i]) + "; expected 0 or 1");
+    }
+  }
+}
+
+template <typename T>
+T load(const uint8_t* bytes) {
+  T value;
+  std::memcpy(&value, bytes, sizeof(T));
+  return value;
+}
+
+template <typename T>
+std::vector<T> load_all(const std::vector<uint8_t>& bytes) {
+  std::vector<T> values(bytes.size() / sizeof(T));
+  if (!values.empty()) std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
+  return values;
+}
+
+template <typename T>
+std::vector<uint8_t> store_all(const std::vector<T>& values) {
+  std::vector<uint8_t> bytes(values.size() * sizeof(T));
+  if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+// Checks that `values` fills `shape` before building the array, so the message counts elements.
+template <typename T>
+NpyArray array_from(NpyType type, const std::vector<T>& values, Dims shape, const char* what) {
+  const int64_t numel = checked_numel(shape, what);
+  if (static_cast<uint64_t>(numel) != values.size()) {
+    throw Error(std::string(what) + ": " + std::to_string(values.size()) +
+                " values do not fill shape " + shape_string(shape) + " (" + std::to_string(numel) +
+                " elements)");
+  }
+  return NpyArray(type, std::move(shape), store_all(values));
+}
+
+template <typename T>
+std::vector<int64_t> widen_to_int64(const std::vector<uint8_t>& bytes) {
+  const std::vector<T> values = load_all<T>(bytes);
+  return std::vector<int64_t>(values.begin(), values.end());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serialization
+
+// Python's repr of a tuple: () for a scalar, (5,) for rank 1, (2, 3) otherwise.
+std::string shape_tuple(const Dims& shape) {
+  std::string text = "(";
+  for (size_t axis = 0; axis < shape.size(); ++axis) {
+    if (axis > 0) text += ", ";
+    text += std::to_string(shape[axis]);
+  }
+  if (shape.size() == 1) text += ",";
+  return text + ")";
+}
+
+// The dict exactly as numpy's _write_array_header prints it (keys sorted), including the spare
+// spaces that let shape[0] grow in place.
+std::string header_dict(const NpyArray& array) {
+  std::string dict = std::string("{'descr': '") + npy_type_descr(array.type()) +
+                     "', 'fortran_order': False, 'shape': " + shape_tuple(array.shape()) + ", }";
+  if (!array.shape().empty()) {
+    const size_t digits = std::to_string(array.shape()[0]).size();
+    dict.append(kGrowthAxisMaxDigits - std::min(digits, kGrowthAxisMaxDigits), ' ');
+  }
+  return dict;
+}
+
+// numpy's _wrap_header: spaces then '\n' so that the data starts on a 64-byte boundary. numpy
+// computes the padding as 64 - (length % 64), so an already aligned header gains a full 64.
+std::string padded_header(const std::string& dict, size_t preamble_size) {
+  const size_t unpadded = preamble_size + dict.size() + 1;
+  return dict + std::string(kAlignment - unpadded % kAlignment, ' ') + "\n";
+}
+
+void append_le(std::vector<uint8_t>& out, uint32_t value, size_t count) {
+  for (size_t i = 0; i < count; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files
+
+std::string errno_message(int error) {
+  return std::generic_category().message(error);
+}
+
+struct FileCloser {
+  void operator()(std::FILE* file) const { std::fclose(file); }
+};
+using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
+
+std::vector<uint8_t> read_whole_file(const std::string& path) {
+  FilePtr file(std::fopen(path.c_str(), "rb"));
+  if (!file) throw Error("cannot open '" + path + "': " + errno_message(errno));
+  // file_size refuses directories and other non-regular files, which fopen lets through.
+  std::error_code error;
+  const uintmax_t size = std::filesystem::file_size(path, error);
+  if (error) throw Error("cannot read '" + path + "': " + error.message());
+  std::vector<uint8_t> contents(static_cast<size_t>(size));
+  const size_t read = std::fread(contents.data(), 1, contents.size(), file.get());
+  if (read != contents.size()) {
+    const std::string reason =
+        std::ferror(file.get()) ? errno_message(errno) : "the file shrank while being read";
+    throw Error("cannot read '" + path + "': " + reason);
+  }
+  return contents;
+}
+
+}  // namespace
+
+const char* npy_type_name(NpyType type) {
+  return type_info(type).name;
+}
+const char* npy_type_descr(NpyType type) {
+  return type_info(type).descr;
+}
+size_t npy_type_size(NpyType type) {
+  return type_info(type).size;
+}
+
+// ---------------------------------------------------------------------------------------------
+// NpyArray
+
+NpyArray::NpyArray(NpyType type, Dims shape, std::vector<uint8_t> bytes)
+    : type_(type), shape_(std::move(shape)), bytes_(std::move(bytes)) {
+  const int64_t expected = checked_byte_size(type_, shape_, "NpyArray");
+  if (static_cast<uint64_t>(expected) != bytes_.size()) {
+    throw Error("NpyArray: " + shape_and_type(shape_, type_) + " needs " +
+                std::to_string(expected) + " bytes, got " + std::to_string(bytes_.size()));
+  }
+}
+
+NpyArray NpyArray::from_floats(const std::vector<float>& values, Dims shape) {
+  return array_from(NpyType::f4, values, std::move(shape), "from_floats");
+}
+
+NpyArray NpyArray::from_float16(const std::vector<float16>& values, Dims shape) {
+  return array_from(NpyType::f2, values, std::move(shape), "from_float16");
+}
+
+NpyArray NpyArray::from_int64(const std::vector<int64_t>& values, Dims shape) {
+  return array_from(NpyType::i8, values, std::move(shape), "from_int64");
+}
+
+NpyArray NpyArray::from_bools(const std::vector<uint8_t>& values, Dims shape) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (values[i] > 1) {
+      throw Error("from_bools: value " + std::to_string(values[i]) + " at index " +
+                  std::to_string(i) + " is not 0 or 1");
+    }
+  }
+  return array_from(NpyType::b1, values, std::move(shape), "from_bools");
+}
+
+int64_t NpyArray::numel() const {
+  return checked_numel(shape_, "NpyArray");
+}
+
+bool NpyArray::is_float() const {
+  return type_ == NpyType::f2 || type_ == NpyType::f4 || type_ == NpyType::f8;
+}
+
+// The conversions size their output from bytes_, not from the shape, so even a default-constructed
+// array (shape [], no bytes) cannot make them read past the data.
+
+std::vector<float> NpyArray::to_float32(const std::string& what) const {
+  switch (type_) {
+    case NpyType::f2: {
+      std::vector<float> out;
+      for (float16 value : load_all<float16>(bytes_)) out.push_back(to_float(value));
+      return out;
+    }
+    case NpyType::f4:
+      return load_all<float>(bytes_);
+    case NpyType::f8: {
+      std::vector<float> out;
+      for (double value : load_all<double>(bytes_)) out.push_back(float_from_double(value));
+      return out;
+    }
+    default:
+      throw Error(what + " has dtype " + npy_type_name(type_) +
+                  "; expected float16, float32 or float64");
+  }
+}
+
+std::vector<float16> NpyArray::to_float16(const std::string& what) const {
+  if (type_ != NpyType::f2) {
+    throw Error(what + " has dtype " + npy_type_name(type_) + "; expected float16");
+  }
+  return load_all<float16>(bytes_);
+}
+
+std::vector<int64_t> NpyArray::to_int64(const std::string& what) const {
+  switch (type_) {
+    case NpyType::b1:
+    case NpyType::u1:
+      return widen_to_int64<uint8_t>(bytes_);
+    case NpyType::i1:
+      return widen_to_int64<int8_t>(bytes_);
+    case NpyType::i2:
+      return widen_to_int64<int16_t>(bytes_);
+    case NpyType::u2:
+      return widen_to_int64<uint16_t>(bytes_);
+    case NpyType::i4:
+      return widen_to_int64<int32_t>(bytes_);
+    case NpyType::u4:
+      return widen_to_int64<uint32_t>(bytes_);
+    case NpyType::i8:
+      return load_all<int64_t>(bytes_);
+    case NpyType::u8: {
+      const std::vector<uint64_t> values = load_all<uint64_t>(bytes_);
+      for (size_t i = 0; i < values.size(); ++i) {
+        if (values[i] > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+          throw Error(what + " value " + std::to_string(values[i]) + " at index " +
+                      std::to_string(i) + " does not fit in int64");
+        }
+      }
+      return std::vector<int64_t>(values.begin(), values.end());
+    }
+    default:
+      throw Error(what + " has dtype " + npy_type_name(type_) +
+                  "; expected bool or an integer type");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files and images
+
+NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& name) {
+  const Preamble preamble = parse_preamble(data, size, name);
+  const std::string_view text(reinterpret_cast<const char*>(data) + preamble.header_offset,
+                              preamble.header_size);
+  const NpyHeader header = HeaderParser(text, name).parse();
+
+  // Everything below is checked against the bytes actually present before anything is allocated,
+  // so a header claiming an enormous shape costs nothing.
+  const auto needed =
+      static_cast<uint64_t>(checked_byte_size(header.type, header.shape, name + ": header"));
+  const size_t data_offset = preamble.header_offset + preamble.header_size;
+  const size_t available = size - data_offset;
+  const std::string sizes = shape_and_type(header.shape, header.type) + " needs " +
+                            std::to_string(needed) + " bytes, file has " +
+                            std::to_string(available);
+  if (needed > available) throw Error(name + ": truncated data: " + sizes);
+  if (needed < available) {
+    throw Error(name + ": " + std::to_string(available - needed) +
+                " trailing bytes after the data: " + sizes);
+  }
+
+  const uint8_t* payload = data + data_offset;
+  std::vector<uint8_t> bytes =
+      header.fortran_order && header.shape.size() > 1
+          ? fortran_to_c_order(payload, header.shape, needed / npy_type_size(header.type),
+                               npy_type_size(header.type))
+          : std::vector<uint8_t>(payload, payload + needed);
+  if (header.type == NpyType::b1) check_bools(bytes, name);
+  return NpyArray(header.type, header.shape, std::move(bytes));
+}
+
+NpyArray read_npy(const std::string& path) {
+  const std::vector<uint8_t> contents = read_whole_file(path);
+  return parse_npy(contents.data(), contents.size(), path);
+}
+
+std::vector<uint8_t> serialize_npy(const NpyArray& array) {
+  // A default-constructed NpyArray holds no bytes for its scalar shape; refuse to write it.
+  const int64_t data_size = checked_byte_size(array.type(), array.shape(), "serialize_npy");
+  if (static_cast<uint64_t>(data_size) != array.bytes().size()) {
+    throw Error("serialize_npy: " + shape_and_type(array.shape(), array.type()) + " needs " +
+                std::to_string(data_size) + " bytes, the array holds " +
+                std::to_string(array.bytes().size()));
+  }
+  const std::string dict = header_dict(array);
+  // Like numpy: format 1.0 when the header fits its uint16 length, else 2.0 (uint32).
+  uint8_t major = 1;
+  size_t length_size = 2;
+  std::string header = padded_header(dict, kMagic.size() + 2 + length_size);
+  if (header.size() > std::numeric_limits<uint16_t>::max()) {
+    major = 2;
+    length_size = 4;
+    header = padded_header(dict, kMagic.size() + 2 + length_size);
+  }
+  if (header.size() > std::numeric_limits<uint32_t>::max()) {
+    throw Error("serialize_npy: header for rank " + std::to_string(array.rank()) +
+                " does not fit in a .npy file");
+  }
+
+  std::vector<uint8_t> out(kMagic.begin(), kMagic.end());
+  out.reserve(kMagic.size() + 2 + length_size + header.size() + array.bytes().size());
+  out.push_back(major);
+  out.push_back(0);
+  append_le(out, static_cast<uint32_t>(header.size()), length_size);
+  out.insert(out.end(), header.begin(), header.end());
+  out.insert(out.end(), array.bytes().begin(), array.bytes().end());
+  return out;
+}
+
+void write_npy(const std::string& path, const NpyArray& array) {
+  const std::vector<uint8_t> image = serialize_npy(array);
+  FilePtr file(std::fopen(path.c_str(), "wb"));
+  if (!file) throw Error("cannot create '" + path + "': " + errno_message(errno));
+  if (std::fwrite(image.data(), 1, image.size(), file.get()) != image.size()) {
+    throw Error("cannot write '" + path + "': " + errno_message(errno));
+  }
+  // Buffered data only reaches the disk on close, where e.g. "No space left on device" shows up.
+  if (std::fclose(file.release()) != 0) {
+    throw Error("cannot write '" + path + "': " + errno_message(errno));
+  }
+}
+
+}  // namespace maskattn

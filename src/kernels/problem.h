@@ -1,0 +1,28 @@
+// The validated parameters of one attention call. attention() builds it once; kernels trust it.
+#pragma once
+
+#include <cstdint>
+
+#include "mask/resolved_mask.h"
+#include "mask/resolved_mods.h"
+#include "maskattn/attention.h"
+
+namespace maskattn::detail {
+
+// Letters used everywhere: B batch, Hq query heads, Hkv kv heads, Lq queries, Lk keys,
+// D query/key head dim, Dv value head dim.
+struct Problem {
+  TensorView q;  // [B, Hq, Lq, D]
+  TensorView k;  // [B, Hkv, Lk, D]
+  TensorView v;  // [B, Hkv, Lk, Dv], or null when only scores/weights are wanted
+  int64_t batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, k_len = 0, head_dim = 0, value_dim = 0;
+  double scale = 1.0;
+  const ResolvedMask* mask = nullptr;
+  const ResolvedMods* mods = nullptr;
+  int threads = 0;  // 0 = OpenMP default
+
+  // GQA/MQA: query heads [g·r, (g+1)·r) share kv head g, r = Hq / Hkv.
+  int64_t kv_head(int64_t h) const { return h / (q_heads / kv_heads); }
+};
+
+}  // namespace maskattn::detail

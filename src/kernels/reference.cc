@@ -1,0 +1,207 @@
+#include "kernels/reference.h"
+
+#include <omp.h>
+
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <vector>
+
+namespace maskattn::detail::reference {
+
+namespace {
+
+constexpr double kNegInf = -INFINITY;
+
+double element(const TensorView& t, int64_t offset) {
+  switch (t.dtype()) {
+    case DType::f32:
+      return static_cast<const float*>(t.data())[offset];
+    case DType::f16:
+      return to_float(static_cast<const float16*>(t.data())[offset]);
+    case DType::bf16:
+      return to_float(static_cast<const bfloat16*>(t.data())[offset]);
+  }
+  return NAN;
+}
+
+// Reads n elements starting at `offset`, `stride` apart, widened to f64.
+void load_row(const TensorView& t, int64_t offset, int64_t stride, int64_t n, double* out) {
+  for (int64_t d = 0; d < n; ++d) out[d] = element(t, offset + d * stride);
+}
+
+// Rounds once, to nearest even, into the view's dtype.
+void store(const MutableTensorView& t, int64_t offset, double value) {
+  switch (t.dtype()) {
+    case DType::f32:
+      static_cast<float*>(t.mutable_data())[offset] = float_from_double(value);
+      break;
+    case DType::f16:
+      static_cast<float16*>(t.mutable_data())[offset] = float16_from_double(value);
+      break;
+    case DType::bf16:
+      static_cast<bfloat16*>(t.mutable_data())[offset] = bfloat16_from_double(value);
+      break;
+  }
+}
+
+struct RowScratch {
+  explicit RowScratch(const Problem& p)
+      : q_row(p.head_dim),
+        k_row(p.head_dim),
+        scores(p.k_len),
+        weights(p.k_len),
+        out_row(p.value_dim) {}
+  std::vector<double> q_row, k_row;  // [D]
+  std::vector<double> scores;        // [Lk]
+  std::vector<double> weights;       // [Lk]
+  std::vector<double> out_row;       // [Dv]
+};
+
+// Runs fn(b, h, i, scratch) for every query row, rows split across threads. Rows are independent,
+// so the result does not depend on the thread count. The first exception thrown by a user callable
+// (predicate, score_fn) is rethrown on the calling thread.
+template <typename RowFn>
+void for_each_row(const Problem& p, RowFn&& fn) {
+  const int64_t rows = p.batch * p.q_heads * p.q_len;
+  const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
+  std::exception_ptr failure;
+  std::atomic<bool> failed{false};
+#pragma omp parallel num_threads(threads)
+  {
+    try {
+      RowScratch scratch(p);
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < rows; ++row) {
+        if (failed.load(std::memory_order_relaxed)) continue;
+        const int64_t i = row % p.q_len;
+        const int64_t h = (row / p.q_len) % p.q_heads;
+        const int64_t b = row / (p.q_len * p.q_heads);
+        try {
+          fn(b, h, i, scratch);
+        } catch (...) {
+#pragma omp critical(maskattn_reference_failure)
+          if (!failure) failure = std::current_exception();
+          failed = true;
+        }
+      }
+    } catch (...) {  // scratch allocation
+#pragma omp critical(maskattn_reference_failure)
+      if (!failure) failure = std::current_exception();
+      failed = true;
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+// DESIGN.md §3, fixed order: softcap → ALiBi + bias + additive masks → score_fn → threshold.
+// Returns −inf for a hidden pair.
+double modified_score(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j, double s) {
+  const ResolvedMods& mods = *p.mods;
+  if (mods.softcap) s = *mods.softcap * std::tanh(s / *mods.softcap);
+  if (mods.alibi_slopes != nullptr) {
+    const double distance = std::fabs(static_cast<double>(p.mask->qpos(b, i) - p.mask->kpos(b, j)));
+    s -= static_cast<double>(mods.alibi_slopes[h]) * distance;
+  }
+  if (mods.bias != nullptr) s += mods.bias[mods.bias_index.offset(b, h, i, j)];
+  if (p.mask->has_additive()) s += p.mask->additive(b, h, i, j);
+  if (mods.score_fn != nullptr) s = (*mods.score_fn)(s, b, h, i, j);
+  if (mods.threshold && s < *mods.threshold) return kNegInf;
+  return s;
+}
+
+// Fills scratch.scores[j] for row (b, h, i). At ScoreStage::final, hidden pairs are −inf and their
+// keys are never read.
+void row_scores(const Problem& p, int64_t b, int64_t h, int64_t i, ScoreStage stage,
+                RowScratch& scratch) {
+  const int64_t kv_h = p.kv_head(h);
+  load_row(p.q, p.q.offset({b, h, i, 0}), p.q.stride(3), p.head_dim, scratch.q_row.data());
+  for (int64_t j = 0; j < p.k_len; ++j) {
+    if (stage == ScoreStage::final && !p.mask->allowed(b, h, i, j)) {
+      scratch.scores[j] = kNegInf;
+      continue;
+    }
+    load_row(p.k, p.k.offset({b, kv_h, j, 0}), p.k.stride(3), p.head_dim, scratch.k_row.data());
+    double dot = 0.0;
+    for (int64_t d = 0; d < p.head_dim; ++d) dot += scratch.q_row[d] * scratch.k_row[d];
+    const double s = p.scale * dot;
+    scratch.scores[j] = stage == ScoreStage::scaled ? s : modified_score(p, b, h, i, j, s);
+  }
+}
+
+// weights = softmax(scores) with the sink logit (if any) in the denominator; returns the LSE.
+// A row whose every score is −inf (and no sink) gets weights 0 and LSE −inf: the fully-hidden
+// rule, never (−inf) − (−inf) = NaN. A NaN score makes the whole row NaN (IEEE propagation).
+double row_softmax(const Problem& p, int64_t h, RowScratch& scratch) {
+  const double sink = p.mods->sinks != nullptr ? p.mods->sinks[h] : kNegInf;
+  double row_max = sink;
+  bool has_nan = false;
+  for (int64_t j = 0; j < p.k_len; ++j) {
+    has_nan |= std::isnan(scratch.scores[j]);
+    if (scratch.scores[j] > row_max) row_max = scratch.scores[j];
+  }
+  if (has_nan) {
+    for (int64_t j = 0; j < p.k_len; ++j) scratch.weights[j] = NAN;
+    return NAN;
+  }
+  if (row_max == kNegInf) {
+    for (int64_t j = 0; j < p.k_len; ++j) scratch.weights[j] = 0.0;
+    return kNegInf;
+  }
+  double denominator = std::exp(sink - row_max);  // 0 without a sink
+  for (int64_t j = 0; j < p.k_len; ++j) {
+    scratch.weights[j] = std::exp(scratch.scores[j] - row_max);
+    denominator += scratch.weights[j];
+  }
+  for (int64_t j = 0; j < p.k_len; ++j) scratch.weights[j] /= denominator;
+  return row_max + std::log(denominator);
+}
+
+}  // namespace
+
+void forward(const Problem& p, const MutableTensorView& out, const MutableTensorView& lse) {
+  for_each_row(p, [&](int64_t b, int64_t h, int64_t i, RowScratch& scratch) {
+    row_scores(p, b, h, i, ScoreStage::final, scratch);
+    const double row_lse = row_softmax(p, h, scratch);
+    // O = Σ_j P_ij·V_j over allowed keys only: values at hidden positions are never read, so
+    // garbage or NaN in padded slots cannot leak into the result.
+    std::fill(scratch.out_row.begin(), scratch.out_row.end(), 0.0);
+    const int64_t kv_h = p.kv_head(h);
+    for (int64_t j = 0; j < p.k_len; ++j) {
+      if (scratch.scores[j] == kNegInf) continue;
+      const double weight = scratch.weights[j];
+      const int64_t v_offset = p.v.offset({b, kv_h, j, 0});
+      for (int64_t d = 0; d < p.value_dim; ++d) {
+        scratch.out_row[d] += weight * element(p.v, v_offset + d * p.v.stride(3));
+      }
+    }
+    const int64_t out_offset = out.offset({b, h, i, 0});
+    for (int64_t d = 0; d < p.value_dim; ++d) {
+      store(out, out_offset + d * out.stride(3), scratch.out_row[d]);
+    }
+    if (!lse.is_null()) store(lse, lse.offset({b, h, i, 0}), row_lse);
+  });
+}
+
+void weights(const Problem& p, const MutableTensorView& weights) {
+  for_each_row(p, [&](int64_t b, int64_t h, int64_t i, RowScratch& scratch) {
+    row_scores(p, b, h, i, ScoreStage::final, scratch);
+    row_softmax(p, h, scratch);
+    const int64_t offset = weights.offset({b, h, i, 0});
+    for (int64_t j = 0; j < p.k_len; ++j) {
+      store(weights, offset + j * weights.stride(3), scratch.weights[j]);
+    }
+  });
+}
+
+void scores(const Problem& p, ScoreStage stage, const MutableTensorView& scores) {
+  for_each_row(p, [&](int64_t b, int64_t h, int64_t i, RowScratch& scratch) {
+    row_scores(p, b, h, i, stage, scratch);
+    const int64_t offset = scores.offset({b, h, i, 0});
+    for (int64_t j = 0; j < p.k_len; ++j) {
+      store(scores, offset + j * scores.stride(3), scratch.scores[j]);
+    }
+  });
+}
+
+}  // namespace maskattn::detail::reference

@@ -1,0 +1,236 @@
+#include "mask/resolved_mask.h"
+
+#include <cmath>
+#include <string>
+
+#include "maskattn/error.h"
+
+namespace maskattn::detail {
+
+namespace {
+
+using Form = component::Padding::Form;
+
+int64_t floor_div(int64_t a, int64_t b) {
+  const int64_t quotient = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? quotient - 1 : quotient;
+}
+
+const char* side_name(Side side) {
+  return side == Side::key ? "key" : "query";
+}
+
+void check_heads(const HeadSet& heads, const MaskShape& shape, const std::string& label) {
+  for (int64_t head : heads.heads()) {
+    if (head >= shape.q_heads) {
+      throw Error(label + " applies to head " + std::to_string(head) +
+                  " but the query has Hq=" + std::to_string(shape.q_heads) + " heads");
+    }
+  }
+}
+
+void check_padding(const component::Padding& padding, const MaskShape& shape,
+                   const std::string& label) {
+  const int64_t length = padding.side == Side::key ? shape.k_len : shape.q_len;
+  const char* length_name = padding.side == Side::key ? "Lk" : "Lq";
+  if (padding.form == Form::lengths || padding.form == Form::starts) {
+    if (padding.values.dim(0) != shape.batch) {
+      throw Error(label + " has " + std::to_string(padding.values.dim(0)) +
+                  " entries but the batch has B=" + std::to_string(shape.batch));
+    }
+    for (int64_t b = 0; b < shape.batch; ++b) {
+      if (padding.values.values()[b] > length) {
+        throw Error(label + ": value " + std::to_string(padding.values.values()[b]) + " at [" +
+                    std::to_string(b) + "] exceeds " + length_name + "=" + std::to_string(length));
+      }
+    }
+  } else {
+    const Dims expected = {shape.batch, length};
+    if (padding.values.shape() != expected) {
+      throw Error(label + " has shape " + shape_string(padding.values.shape()) + "; expected [B," +
+                  length_name + "] = " + shape_string(expected));
+    }
+  }
+}
+
+void check_id_pair(const Array<int64_t>& query_ids, const Array<int64_t>& key_ids, bool shared,
+                   const MaskShape& shape, const std::string& label) {
+  if (shared && shape.q_len != shape.k_len) {
+    throw Error(label + ": one id array for queries and keys needs Lq == Lk (got Lq=" +
+                std::to_string(shape.q_len) + ", Lk=" + std::to_string(shape.k_len) +
+                "); give query and key ids separately");
+  }
+  const Dims q_expected = {shape.batch, shape.q_len};
+  const Dims k_expected = {shape.batch, shape.k_len};
+  if (query_ids.shape() != q_expected) {
+    throw Error(label + (shared ? " ids have shape " : " query ids have shape ") +
+                shape_string(query_ids.shape()) +
+                "; expected [B,Lq] = " + shape_string(q_expected));
+  }
+  if (key_ids.shape() != k_expected) {
+    throw Error(label + " key ids have shape " + shape_string(key_ids.shape()) +
+                "; expected [B,Lk] = " + shape_string(k_expected));
+  }
+}
+
+}  // namespace
+
+ResolvedMask::ResolvedMask(const Mask& mask, const MaskShape& shape) : shape_(shape) {
+  if (shape.batch < 0 || shape.q_heads < 0 || shape.q_len < 0 || shape.k_len < 0) {
+    throw Error("mask shape " + scores_shape_string(shape) + " has a negative size");
+  }
+  const component::Padding* lengths[2] = {nullptr, nullptr};  // [query, key]
+  const component::Padding* starts[2] = {nullptr, nullptr};
+  const auto& components = mask.components();
+  for (size_t n = 0; n < components.size(); ++n) {
+    const std::string& label = mask.labels()[n];
+    const Component& part = components[n];
+    if (const auto* window = std::get_if<component::Window>(&part)) {
+      check_heads(window->heads, shape, label);
+      windows_.push_back(window);
+    } else if (const auto* chunk = std::get_if<component::Chunk>(&part)) {
+      check_heads(chunk->heads, shape, label);
+      chunks_.push_back(chunk);
+    } else if (const auto* padding = std::get_if<component::Padding>(&part)) {
+      check_padding(*padding, shape, label);
+      const int side = padding->side == Side::key ? 1 : 0;
+      const component::Padding** slot = padding->form == Form::lengths  ? &lengths[side]
+                                        : padding->form == Form::starts ? &starts[side]
+                                                                        : nullptr;
+      if (slot != nullptr) {
+        if (*slot != nullptr) {
+          throw Error(label + ": " + side_name(padding->side) +
+                      (padding->form == Form::lengths ? " lengths" : " starts") +
+                      " given twice; they define positions, so give them once");
+        }
+        *slot = padding;
+      }
+      (padding->side == Side::key ? key_padding_ : query_padding_).push_back(padding);
+    } else if (const auto* segments = std::get_if<component::Segments>(&part)) {
+      check_id_pair(segments->query_ids, segments->key_ids, segments->shared, shape, label);
+      check_heads(segments->heads, shape, label);
+      segments_.push_back(segments);
+    } else if (const auto* spans = std::get_if<component::Spans>(&part)) {
+      check_id_pair(spans->query_ids, spans->key_ids, spans->shared, shape, label);
+      check_heads(spans->heads, shape, label);
+      spans_.push_back(spans);
+    } else if (const auto* prefix = std::get_if<component::Prefix>(&part)) {
+      check_heads(prefix->heads, shape, label);
+      prefixes_.push_back(prefix);
+    } else if (const auto* dense = std::get_if<component::DenseBool>(&part)) {
+      dense_bool_.push_back({dense->values.data(),
+                             dense->polarity == component::DenseBool::Polarity::blocked,
+                             broadcast_to_scores(dense->values.shape(), shape, label)});
+    } else if (const auto* additive = std::get_if<component::DenseAdditive>(&part)) {
+      additive_.push_back({additive->values.data(), false,
+                           broadcast_to_scores(additive->values.shape(), shape, label)});
+    } else if (const auto* predicate = std::get_if<component::Predicate>(&part)) {
+      predicates_.push_back(predicate);
+    }
+  }
+
+  // Positions. Key starts (left padding) shift both sides so positions count from the first real
+  // token; the query's place among the keys depends on the alignment.
+  q_shift_.assign(shape.batch, 0);
+  k_shift_.assign(shape.batch, 0);
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    const int64_t key_start = starts[1] ? starts[1]->values.values()[b] : 0;
+    k_shift_[b] = -key_start;
+    if (mask.alignment() == Alignment::bottom_right) {
+      // The last (real) query sits at the last (real) key.
+      const bool ragged = lengths[0] != nullptr && lengths[1] != nullptr;
+      const int64_t key_end = ragged ? lengths[1]->values.values()[b] : shape.k_len;
+      const int64_t query_end = ragged ? lengths[0]->values.values()[b] : shape.q_len;
+      q_shift_[b] = key_end - query_end - key_start;
+    } else {
+      const int64_t query_start = starts[0] ? starts[0]->values.values()[b] : key_start;
+      q_shift_[b] = -query_start;
+    }
+  }
+}
+
+bool ResolvedMask::is_real(const component::Padding& padding, int64_t b, int64_t t) const {
+  switch (padding.form) {
+    case Form::lengths:
+      return t < padding.values.values()[b];
+    case Form::starts:
+      return t >= padding.values.values()[b];
+    case Form::keep:
+      return padding.values.at(b, t) != 0;
+    case Form::token_ids:
+      return padding.values.at(b, t) != padding.pad_id;
+  }
+  return false;
+}
+
+bool ResolvedMask::in_same_span(int64_t b, int64_t h, int64_t i, int64_t j) const {
+  for (const component::Spans* spans : spans_) {
+    if (!spans->heads.contains(h)) continue;
+    const int64_t span = spans->query_ids.at(b, i);
+    if (span != 0 && span == spans->key_ids.at(b, j)) return true;
+  }
+  const int64_t query_position = qpos(b, i);
+  const int64_t key_position = kpos(b, j);
+  for (const component::Prefix* prefix : prefixes_) {
+    if (!prefix->heads.contains(h)) continue;
+    if (query_position >= 0 && query_position < prefix->length && key_position >= 0 &&
+        key_position < prefix->length) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Causal and window components bound the query–key distance; spans relax exactly these.
+bool ResolvedMask::order_allows(int64_t b, int64_t h, int64_t i, int64_t j) const {
+  const int64_t distance = qpos(b, i) - kpos(b, j);  // > 0: the key is in the query's past
+  for (const component::Window* window : windows_) {
+    if (!window->heads.contains(h)) continue;
+    const bool inside = distance <= window->left && -distance <= window->right;
+    if (!inside) return in_same_span(b, h, i, j);
+  }
+  return true;
+}
+
+bool ResolvedMask::allowed(int64_t b, int64_t h, int64_t i, int64_t j) const {
+  for (const component::Padding* padding : query_padding_) {
+    if (!is_real(*padding, b, i)) return false;
+  }
+  for (const component::Padding* padding : key_padding_) {
+    if (!is_real(*padding, b, j)) return false;
+  }
+  if (!order_allows(b, h, i, j)) return false;
+  for (const component::Chunk* chunk : chunks_) {
+    if (chunk->heads.contains(h) &&
+        floor_div(qpos(b, i), chunk->size) != floor_div(kpos(b, j), chunk->size)) {
+      return false;
+    }
+  }
+  for (const component::Segments* segments : segments_) {
+    if (segments->heads.contains(h) && segments->query_ids.at(b, i) != segments->key_ids.at(b, j)) {
+      return false;
+    }
+  }
+  for (const DenseRef& dense : dense_bool_) {
+    const uint8_t value = static_cast<const uint8_t*>(dense.values)[dense.index.offset(b, h, i, j)];
+    if ((value != 0) == dense.blocked) return false;
+  }
+  for (const DenseRef& dense : additive_) {
+    const float value = static_cast<const float*>(dense.values)[dense.index.offset(b, h, i, j)];
+    if (value == -INFINITY) return false;
+  }
+  for (const component::Predicate* predicate : predicates_) {
+    if (!predicate->allows(b, h, i, j)) return false;
+  }
+  return true;
+}
+
+double ResolvedMask::additive(int64_t b, int64_t h, int64_t i, int64_t j) const {
+  double sum = 0.0;
+  for (const DenseRef& dense : additive_) {
+    sum += static_cast<const float*>(dense.values)[dense.index.offset(b, h, i, j)];
+  }
+  return sum;
+}
+
+}  // namespace maskattn::detail

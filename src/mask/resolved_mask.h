@@ -1,0 +1,59 @@
+// A Mask checked against one problem size and made ready to answer "is (b, h, i, j) allowed?".
+//
+// This is the single definition of mask semantics in the code: the reference kernel calls it per
+// pair, faster kernels are tested against it. It keeps pointers into the Mask it was built from,
+// which must outlive it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "mask/broadcast.h"
+#include "maskattn/attention.h"
+#include "maskattn/mask.h"
+
+namespace maskattn::detail {
+
+class ResolvedMask {
+ public:
+  // Throws Error when a component does not fit the shape (batch size, lengths, heads, broadcast).
+  ResolvedMask(const Mask& mask, const MaskShape& shape);
+
+  const MaskShape& shape() const { return shape_; }
+
+  // Positions (DESIGN.md §2): qpos = i + q_shift[b], kpos = j + k_shift[b].
+  int64_t qpos(int64_t b, int64_t i) const { return i + q_shift_[b]; }
+  int64_t kpos(int64_t b, int64_t j) const { return j + k_shift_[b]; }
+
+  // Every component allows the pair (additive masks hide where they hold −inf).
+  bool allowed(int64_t b, int64_t h, int64_t i, int64_t j) const;
+
+  // Sum of the additive masks at the pair (0 when there are none).
+  double additive(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  bool has_additive() const { return !additive_.empty(); }
+
+ private:
+  struct DenseRef {
+    const void* values;  // uint8_t for keep/blocked, float for additive
+    bool blocked;
+    BroadcastStrides index;
+  };
+
+  bool is_real(const component::Padding& padding, int64_t b, int64_t t) const;
+  bool order_allows(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  bool in_same_span(int64_t b, int64_t h, int64_t i, int64_t j) const;
+
+  MaskShape shape_;
+  std::vector<int64_t> q_shift_, k_shift_;  // [B]
+  std::vector<const component::Padding*> key_padding_, query_padding_;
+  std::vector<const component::Window*> windows_;
+  std::vector<const component::Chunk*> chunks_;
+  std::vector<const component::Segments*> segments_;
+  std::vector<const component::Spans*> spans_;
+  std::vector<const component::Prefix*> prefixes_;
+  std::vector<DenseRef> dense_bool_;
+  std::vector<DenseRef> additive_;
+  std::vector<const component::Predicate*> predicates_;
+};
+
+}  // namespace maskattn::detail

@@ -1,0 +1,51 @@
+#include "mask/resolved_mods.h"
+
+#include <cmath>
+#include <string>
+
+#include "maskattn/error.h"
+
+namespace maskattn::detail {
+
+namespace {
+
+const float* per_head(const std::vector<float>& values, const MaskShape& shape, const char* what) {
+  if (values.empty()) return nullptr;
+  if (static_cast<int64_t>(values.size()) != shape.q_heads) {
+    throw Error(std::string(what) + " have " + std::to_string(values.size()) +
+                " entries but the query has Hq=" + std::to_string(shape.q_heads) + " heads");
+  }
+  for (size_t h = 0; h < values.size(); ++h) {
+    if (!std::isfinite(values[h])) {
+      throw Error(std::string(what) + "[" + std::to_string(h) + "] = " + std::to_string(values[h]) +
+                  " is not finite");
+    }
+  }
+  return values.data();
+}
+
+}  // namespace
+
+ResolvedMods::ResolvedMods(const ScoreMods& mods, const MaskShape& shape) {
+  if (mods.softcap) {
+    if (!(*mods.softcap > 0.0) || !std::isfinite(*mods.softcap)) {
+      throw Error("softcap = " + std::to_string(*mods.softcap) +
+                  " must be a positive finite number (the cap of cap·tanh(s/cap))");
+    }
+    softcap = mods.softcap;
+  }
+  alibi_slopes = per_head(mods.alibi_slopes, shape, "alibi slopes");
+  sinks = per_head(mods.sinks, shape, "sinks");
+  if (mods.bias) {
+    if (mods.bias->empty()) throw Error("bias is an empty array (no shape, no values)");
+    bias_index = broadcast_to_scores(mods.bias->shape(), shape, "bias");
+    bias = mods.bias->data();
+  }
+  if (mods.score_fn) score_fn = &mods.score_fn;
+  if (mods.threshold) {
+    if (std::isnan(*mods.threshold)) throw Error("threshold is NaN");
+    threshold = mods.threshold;
+  }
+}
+
+}  // namespace maskattn::detail

@@ -1,0 +1,589 @@
+// The bad-input catalogue: one test per entry of docs/errors.md (test names start with the entry's
+// id), and a check that every entry of the document has its test.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include "test_util.h"
+
+namespace maskattn {
+namespace {
+
+// A small valid problem to break one piece at a time.
+struct Problem {
+  std::vector<float> q = test::random_values(2 * 4 * 3 * 8, 1);
+  std::vector<float> k = test::random_values(2 * 2 * 5 * 8, 2);
+  std::vector<float> v = test::random_values(2 * 2 * 5 * 6, 3);
+  std::vector<float> out = std::vector<float>(2 * 4 * 3 * 6);
+  std::vector<float> lse = std::vector<float>(2 * 4 * 3);
+  TensorView qv() const { return TensorView(q.data(), {2, 4, 3, 8}); }
+  TensorView kv() const { return TensorView(k.data(), {2, 2, 5, 8}); }
+  TensorView vv() const { return TensorView(v.data(), {2, 2, 5, 6}); }
+  MutableTensorView outv() { return MutableTensorView(out.data(), {2, 4, 3, 6}); }
+  void run(const Mask& mask = {}, const ScoreMods& mods = {}, const Options& options = {}) {
+    attention(qv(), kv(), vv(), outv(), mask, mods, options);
+  }
+};
+
+// CLI: the command must fail with one line on stderr containing `message`, and create no file.
+void expect_cli_error(const std::string& arguments, const std::string& message,
+                      const std::string& must_not_exist = "", int exit_code = 1) {
+  const test::CliResult result = test::run_cli(arguments);
+  EXPECT_EQ(result.exit_code, exit_code) << result.err;
+  EXPECT_EQ(result.err.rfind("maskattn: error: ", 0), 0u) << result.err;
+  EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+  EXPECT_NE(result.err.find(message), std::string::npos) << result.err << "\nmissing: " << message;
+  if (!must_not_exist.empty()) {
+    EXPECT_FALSE(std::filesystem::exists(must_not_exist));
+  }
+}
+
+// Files for CLI cases: valid q/k/v [1,3,4] f32 plus whatever a case needs.
+struct CliFiles {
+  test::TempDir dir;
+  CliFiles() {
+    const auto values = test::random_values(12, 9);
+    write("q.npy", NpyArray::from_floats(values, {1, 3, 4}));
+  }
+  std::string write(const std::string& name, const NpyArray& array) {
+    write_npy(dir.path(name), array);
+    return dir.path(name);
+  }
+  std::string attend(const std::string& extra, const std::string& q = "q.npy",
+                     const std::string& k = "q.npy") const {
+    return "attend --q " + dir.path(q) + " --k " + dir.path(k) + " --v " + dir.path("q.npy") +
+           " --out " + dir.path("out.npy") + " " + extra;
+  }
+};
+
+// ---- tensors and shapes -------------------------------------------------------------------
+
+TEST(Errors, E01_InputNotRank4) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(attention(TensorView(p.q.data(), {24, 8}), p.kv(), p.vv(), p.outv()),
+                        "q has shape [24,8]; expected [B,Hq,Lq,D]");
+}
+
+TEST(Errors, E02_NullView) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(attention(p.qv(), p.kv(), TensorView(), p.outv()),
+                        "v is a null view; expected [B,Hkv,Lk,Dv]");
+}
+
+TEST(Errors, E03_NullDataPointer) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(attention(TensorView(static_cast<const float*>(nullptr), {2, 4, 3, 8}),
+                                  p.kv(), p.vv(), p.outv()),
+                        "q of shape [2,4,3,8] has a null data pointer");
+}
+
+TEST(Errors, E04_DtypeMismatch) {
+  Problem p;
+  std::vector<float16> k(p.k.size());
+  EXPECT_MASKATTN_ERROR(attention(p.qv(), TensorView(k.data(), {2, 2, 5, 8}), p.vv(), p.outv()),
+                        "k has dtype f16 but q has f32; q, k, v and out share one element type");
+}
+
+TEST(Errors, E05_BatchMismatch) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(attention(p.qv(), TensorView(p.k.data(), {1, 2, 10, 8}), p.vv(), p.outv()),
+                        "k batch 1 does not match q batch 2 (q [2,4,3,8], k [1,2,10,8])");
+}
+
+TEST(Errors, E06_HeadDimMismatch) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(attention(p.qv(), TensorView(p.k.data(), {2, 2, 10, 4}), p.vv(), p.outv()),
+                        "k head dim 4 does not match q head dim 8");
+}
+
+TEST(Errors, E07_HeadsNotMultiple) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(attention(p.qv(), TensorView(p.k.data(), {2, 3, 2, 8}), p.vv(), p.outv()),
+                        "Hq=4 is not a multiple of Hkv=3 (q [2,4,3,8], k [2,3,2,8])");
+}
+
+TEST(Errors, E08_ValuesDoNotMatchKeys) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(attention(p.qv(), p.kv(), TensorView(p.v.data(), {2, 2, 6, 5}), p.outv()),
+                        "v shape [2,2,6,5] does not match k shape [2,2,5,8] in [B,Hkv,Lk]");
+}
+
+TEST(Errors, E09_OutputShape) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(
+      attention(p.qv(), p.kv(), p.vv(), MutableTensorView(p.out.data(), {2, 4, 6, 3})),
+      "out has shape [2,4,6,3] but must be [2,4,3,6] (from q [2,4,3,8] and v [2,2,5,6])");
+}
+
+TEST(Errors, E10_OutputDtype) {
+  Problem p;
+  std::vector<bfloat16> out(p.out.size());
+  EXPECT_MASKATTN_ERROR(
+      attention(p.qv(), p.kv(), p.vv(), MutableTensorView(out.data(), {2, 4, 3, 6})),
+      "out has dtype bf16 but must be f32");
+}
+
+TEST(Errors, E11_LseShapeOrDtype) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(attention(p.qv(), p.kv(), p.vv(), p.outv(), {}, {}, {},
+                                  MutableTensorView(p.lse.data(), {2, 4, 3, 1})),
+                        "lse has shape [2,4,3,1]; expected [2,4,3]");
+  std::vector<float16> lse(24);
+  EXPECT_MASKATTN_ERROR(attention(p.qv(), p.kv(), p.vv(), p.outv(), {}, {}, {},
+                                  MutableTensorView(lse.data(), {2, 4, 3})),
+                        "lse has dtype f16 but must be f32");
+}
+
+TEST(Errors, E12_OutputElementsOverlap) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(attention(p.qv(), p.kv(), p.vv(),
+                                  MutableTensorView(p.out.data(), {2, 4, 3, 6}, {0, 18, 6, 1})),
+                        "out has overlapping elements: strides [0,18,6,1] for shape [2,4,3,6]");
+}
+
+TEST(Errors, E13_OutputAliasesInput) {
+  Problem p;
+  std::vector<float> shared(2 * 4 * 3 * 8);
+  EXPECT_MASKATTN_ERROR(attention(TensorView(shared.data(), {2, 4, 3, 8}), p.kv(), p.vv(),
+                                  MutableTensorView(shared.data() + 8, {2, 4, 3, 6})),
+                        "out [2,4,3,6] shares memory with q [2,4,3,8]");
+  EXPECT_MASKATTN_ERROR(attention(p.qv(), p.kv(), p.vv(), p.outv(), {}, {}, {},
+                                  MutableTensorView(p.out.data(), {2, 4, 3})),
+                        "lse [2,4,3] shares memory with out [2,4,3,6]");
+}
+
+TEST(Errors, E14_StridesBeyondAddressableMemory) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(attention(TensorView(p.q.data(), {2, 4, 3, 8}, {1ll << 62, 24, 8, 1}),
+                                  p.kv(), p.vv(), p.outv()),
+                        "q strides [4611686018427387904,24,8,1] for shape [2,4,3,8] reach beyond");
+}
+
+TEST(Errors, E15_ViewRankOrStrideCount) {
+  float x = 0;
+  EXPECT_MASKATTN_ERROR(TensorView(&x, Dims{1, 1, 1, 1, 1}),
+                        "tensor view of shape [1,1,1,1,1] has rank 5; views have rank 1 to 4");
+  EXPECT_MASKATTN_ERROR(TensorView(&x, Dims{1, 1}, Dims{1}),
+                        "tensor view of shape [1,1] got 1 strides [1]");
+}
+
+TEST(Errors, E16_NegativeOrOverflowingShape) {
+  float x = 0;
+  EXPECT_MASKATTN_ERROR(TensorView(&x, Dims{2, -3}),
+                        "tensor view shape [2,-3] has a negative size");
+  EXPECT_MASKATTN_ERROR(TensorView(&x, Dims{1ll << 32, 1ll << 32, 4}),
+                        "has more elements than int64 can count");
+}
+
+TEST(Errors, E17_ArrayValueCount) {
+  EXPECT_MASKATTN_ERROR(Array<float>({2, 3}, {1, 2, 3, 4, 5}),
+                        "array of shape [2,3] needs 6 values, got 5");
+}
+
+// ---- options ------------------------------------------------------------------------------
+
+TEST(Errors, E18_ScaleNotFinite) {
+  Problem p;
+  Options options;
+  options.scale = NAN;
+  EXPECT_MASKATTN_ERROR(p.run({}, {}, options), "scale = nan must be finite");
+}
+
+TEST(Errors, E19_DefaultScaleWithZeroHeadDim) {
+  std::vector<float> out(3);
+  const float dummy = 0;
+  EXPECT_MASKATTN_ERROR(
+      attention(TensorView(&dummy, {1, 1, 3, 0}), TensorView(&dummy, {1, 1, 2, 0}),
+                TensorView(&dummy, {1, 1, 2, 1}), MutableTensorView(out.data(), {1, 1, 3, 1})),
+      "q has head dim D=0, so the default scale 1/sqrt(D) is undefined");
+}
+
+TEST(Errors, E20_NegativeThreads) {
+  Problem p;
+  Options options;
+  options.threads = -1;
+  EXPECT_MASKATTN_ERROR(p.run({}, {}, options), "threads = -1 must be ≥ 0");
+}
+
+TEST(Errors, E21_FusedKernelNotAvailable) {
+  Problem p;
+  Options options;
+  options.kernel = Kernel::fused;
+  EXPECT_MASKATTN_ERROR(p.run({}, {}, options), "kernel 'fused' is not available");
+}
+
+TEST(Errors, E22_CheckFinite) {
+  Problem p;
+  p.q[1 * 4 * 3 * 8 + 2 * 3 * 8 + 1 * 8 + 5] = NAN;  // q[1,2,1,5]
+  Options options;
+  options.check_finite = true;
+  EXPECT_MASKATTN_ERROR(p.run({}, {}, options), "check_finite: q[1,2,1,5] is nan");
+}
+
+// ---- mask builder -------------------------------------------------------------------------
+
+TEST(Errors, E23_NegativeWindow) {
+  EXPECT_MASKATTN_ERROR(Mask().window(-1, 0),
+                        "window(-1,0): window sides must be ≥ 0 (use kUnbounded");
+}
+
+TEST(Errors, E24_SlidingWindowZero) {
+  EXPECT_MASKATTN_ERROR(Mask().sliding_window(0),
+                        "sliding_window(0): the window must hold at least 1 key");
+}
+
+TEST(Errors, E25_ChunkSize) {
+  EXPECT_MASKATTN_ERROR(Mask().chunk(0), "chunk(0): chunk size must be ≥ 1");
+}
+
+TEST(Errors, E26_NegativePrefix) {
+  EXPECT_MASKATTN_ERROR(Mask().prefix_lm(-2), "prefix_lm(-2): length must be ≥ 0");
+}
+
+TEST(Errors, E27_NegativeLength) {
+  EXPECT_MASKATTN_ERROR(Mask().key_lengths({3, -2}), "key_lengths[1] = -2 is negative");
+  EXPECT_MASKATTN_ERROR(Mask().query_starts({-1}), "query_starts[0] = -1 is negative");
+}
+
+TEST(Errors, E28_PaddingRank) {
+  EXPECT_MASKATTN_ERROR(Mask().key_keep(Array<int64_t>({4}, {1, 1, 0, 0})),
+                        "key_keep has shape [4]; expected [B,Lk]");
+  EXPECT_MASKATTN_ERROR(Mask().segments(Array<int64_t>({4}, {1, 1, 0, 0})),
+                        "segments has shape [4]; expected [B,L]");
+}
+
+TEST(Errors, E29_KeepValuesNotBinary) {
+  EXPECT_MASKATTN_ERROR(Mask().key_keep(Array<int64_t>({1, 4}, {1, 1, 1, 2})),
+                        "key_keep must hold only 0 and 1, found 2 at flat index 3");
+  EXPECT_MASKATTN_ERROR(Mask().blocked(Array<uint8_t>({2}, {0, 7})),
+                        "blocked mask must hold only 0 and 1, found 7 at flat index 1");
+}
+
+TEST(Errors, E30_DenseMaskRankOrEmpty) {
+  EXPECT_MASKATTN_ERROR(Mask().keep(Array<uint8_t>({1, 1, 1, 1, 1}, {1})),
+                        "keep mask shape [1,1,1,1,1] has rank > 4");
+  EXPECT_MASKATTN_ERROR(Mask().additive(Array<float>()), "additive mask is an empty array");
+}
+
+TEST(Errors, E31_ConflictingAlignment) {
+  EXPECT_MASKATTN_ERROR(Mask().causal(Alignment::top_left).set_alignment(Alignment::bottom_right),
+                        "mask alignment set to both bottom-right and top-left");
+}
+
+TEST(Errors, E32_EmptyPredicate) {
+  EXPECT_MASKATTN_ERROR(Mask().predicate(nullptr, "mine"), "predicate 'mine' is empty");
+}
+
+TEST(Errors, E33_BadHeadSet) {
+  EXPECT_MASKATTN_ERROR(HeadSet({1, -1}), "contains a negative head index");
+  EXPECT_MASKATTN_ERROR(HeadSet::range(3, 3), "head range [3, 3) is empty");
+}
+
+// ---- mask against the problem -------------------------------------------------------------
+
+TEST(Errors, E34_PaddingBatchSize) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(p.run(Mask().key_lengths({5, 5, 5})),
+                        "key_lengths has 3 entries but the batch has B=2");
+}
+
+TEST(Errors, E35_LengthBeyondSequence) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(p.run(Mask().key_lengths({5, 9})),
+                        "key_lengths: value 9 at [1] exceeds Lk=5");
+  EXPECT_MASKATTN_ERROR(p.run(Mask().query_starts({4, 0})),
+                        "query_starts: value 4 at [0] exceeds Lq=3");
+}
+
+TEST(Errors, E36_PerTokenShape) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(p.run(Mask().key_keep(Array<int64_t>({2, 4}, std::vector<int64_t>(8, 1)))),
+                        "key_keep has shape [2,4]; expected [B,Lk] = [2,5]");
+}
+
+TEST(Errors, E37_PositionsGivenTwice) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(p.run(Mask().key_starts({0, 0}).key_starts({1, 1})),
+                        "key starts given twice");
+}
+
+TEST(Errors, E38_SharedIdsNeedSquare) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(p.run(Mask().segments(Array<int64_t>({2, 5}, std::vector<int64_t>(10)))),
+                        "segments: one id array for queries and keys needs Lq == Lk (got Lq=3, "
+                        "Lk=5)");
+}
+
+TEST(Errors, E39_IdArrayShape) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(p.run(Mask().spans(Array<int64_t>({2, 3}, std::vector<int64_t>(6)),
+                                           Array<int64_t>({2, 4}, std::vector<int64_t>(8)))),
+                        "spans key ids have shape [2,4]; expected [B,Lk] = [2,5]");
+}
+
+TEST(Errors, E40_HeadOutOfRange) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(p.run(Mask().window(2, 0, HeadSet{1, 9})),
+                        "window(2,0) applies to head 9 but the query has Hq=4 heads");
+}
+
+TEST(Errors, E41_DenseMaskDoesNotBroadcast) {
+  Problem p;
+  EXPECT_MASKATTN_ERROR(p.run(Mask().blocked(Array<uint8_t>({4, 5}, std::vector<uint8_t>(20)))),
+                        "blocked mask shape [4,5] does not broadcast to scores [2,4,3,5]");
+}
+
+// ---- score modifiers ----------------------------------------------------------------------
+
+TEST(Errors, E42_Softcap) {
+  Problem p;
+  ScoreMods mods;
+  mods.softcap = 0.0;
+  EXPECT_MASKATTN_ERROR(p.run({}, mods), "softcap = 0.000000 must be a positive finite number");
+}
+
+TEST(Errors, E43_PerHeadModifierSize) {
+  Problem p;
+  ScoreMods mods;
+  mods.alibi_slopes = {0.5f, 0.25f};
+  EXPECT_MASKATTN_ERROR(p.run({}, mods),
+                        "alibi slopes have 2 entries but the query has Hq=4 heads");
+}
+
+TEST(Errors, E44_PerHeadModifierNotFinite) {
+  Problem p;
+  ScoreMods mods;
+  mods.sinks = {0, NAN, 0, 0};
+  EXPECT_MASKATTN_ERROR(p.run({}, mods), "sinks[1] = nan is not finite");
+}
+
+TEST(Errors, E45_BiasDoesNotBroadcast) {
+  Problem p;
+  ScoreMods mods;
+  mods.bias = Array<float>({4, 1, 1}, {0, 0, 0, 0});
+  EXPECT_NO_THROW(p.run({}, mods));
+  mods.bias = Array<float>({3, 1, 1}, {0, 0, 0});
+  EXPECT_MASKATTN_ERROR(p.run({}, mods),
+                        "bias shape [3,1,1] does not broadcast to scores [2,4,3,5]");
+}
+
+TEST(Errors, E46_ThresholdNan) {
+  Problem p;
+  ScoreMods mods;
+  mods.threshold = NAN;
+  EXPECT_MASKATTN_ERROR(p.run({}, mods), "threshold is NaN");
+}
+
+TEST(Errors, E47_CheckFiniteAdditive) {
+  Problem p;
+  Options options;
+  options.check_finite = true;
+  EXPECT_NO_THROW(p.run(Mask().additive(Array<float>({5}, {0, -INFINITY, 0, 0, 0})), {}, options));
+  EXPECT_MASKATTN_ERROR(
+      p.run(Mask().additive(Array<float>({5}, {0, INFINITY, 0, 0, 0})), {}, options),
+      "check_finite: additive mask flat index 1 is +inf");
+}
+
+// ---- .npy files ---------------------------------------------------------------------------
+
+std::vector<uint8_t> valid_npy() {
+  return serialize_npy(NpyArray::from_floats({1, 2, 3}, {3}));
+}
+
+TEST(Errors, E48_CannotOpenFile) {
+  EXPECT_MASKATTN_ERROR(read_npy("/nonexistent/x.npy"),
+                        "cannot open '/nonexistent/x.npy': No such file or directory");
+}
+
+TEST(Errors, E49_NotNpy) {
+  const std::string text = "hello, world";
+  EXPECT_MASKATTN_ERROR(parse_npy(reinterpret_cast<const uint8_t*>(text.data()), text.size(), "t"),
+                        "t: not a .npy file");
+}
+
+TEST(Errors, E50_TruncatedHeader) {
+  const std::vector<uint8_t> bytes = valid_npy();
+  EXPECT_MASKATTN_ERROR(parse_npy(bytes.data(), 40, "t.npy"), "t.npy: truncated header");
+}
+
+TEST(Errors, E51_TruncatedData) {
+  const std::vector<uint8_t> bytes = valid_npy();
+  EXPECT_MASKATTN_ERROR(parse_npy(bytes.data(), bytes.size() - 2, "t.npy"),
+                        "t.npy: truncated data: shape [3] of float32 needs 12 bytes, file has 10");
+}
+
+std::vector<uint8_t> with_header(const std::string& header) {
+  std::string text = "\x93NUMPY";
+  text += '\x01';
+  text += '\x00';
+  std::string padded = header;
+  while ((10 + padded.size() + 1) % 64 != 0) padded += ' ';
+  padded += '\n';
+  text += static_cast<char>(padded.size() & 0xFF);
+  text += static_cast<char>(padded.size() >> 8);
+  text += padded;
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+
+TEST(Errors, E52_UnsupportedDtype) {
+  const auto bytes = with_header("{'descr': '<U3', 'fortran_order': False, 'shape': (), }");
+  EXPECT_MASKATTN_ERROR(parse_npy(bytes.data(), bytes.size(), "s.npy"), "s.npy: unsupported dtype");
+}
+
+TEST(Errors, E53_BigEndian) {
+  const auto bytes = with_header("{'descr': '>f4', 'fortran_order': False, 'shape': (0,), }");
+  EXPECT_MASKATTN_ERROR(parse_npy(bytes.data(), bytes.size(), "b.npy"), "b.npy: big-endian dtype",
+                        "astype('<f4')");
+}
+
+TEST(Errors, E54_MalformedHeader) {
+  const auto bytes = with_header("{'descr': '<f4', 'fortran_order': Nope, 'shape': (3,), }");
+  EXPECT_MASKATTN_ERROR(parse_npy(bytes.data(), bytes.size(), "m.npy"),
+                        "m.npy: invalid .npy header");
+}
+
+TEST(Errors, E55_AbsurdShape) {
+  const auto bytes =
+      with_header("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296), }");
+  EXPECT_MASKATTN_ERROR(parse_npy(bytes.data(), bytes.size(), "a.npy"), "a.npy");
+}
+
+TEST(Errors, E56_TrailingBytes) {
+  std::vector<uint8_t> bytes = valid_npy();
+  bytes.push_back(0);
+  EXPECT_MASKATTN_ERROR(parse_npy(bytes.data(), bytes.size(), "t.npy"),
+                        "t.npy: 1 trailing bytes after the data");
+}
+
+TEST(Errors, E57_BoolByteNotBinary) {
+  auto bytes = with_header("{'descr': '|b1', 'fortran_order': False, 'shape': (2,), }");
+  bytes.push_back(1);
+  bytes.push_back(2);
+  EXPECT_MASKATTN_ERROR(parse_npy(bytes.data(), bytes.size(), "b.npy"),
+                        "b.npy: bool element 1 has byte value 2");
+}
+
+TEST(Errors, E58_ConversionRefused) {
+  EXPECT_MASKATTN_ERROR(NpyArray::from_int64({1}, {1}).to_float32("lengths.npy"),
+                        "lengths.npy has dtype int64; expected float16, float32 or float64");
+  EXPECT_MASKATTN_ERROR(NpyArray::from_floats({1}, {1}).to_int64("ids.npy"),
+                        "ids.npy has dtype float32; expected bool or an integer type");
+}
+
+// ---- command line -------------------------------------------------------------------------
+
+TEST(Errors, E59_UnknownMaskKind) {
+  CliFiles files;
+  expect_cli_error(files.attend("--mask causl"), "--mask causl: unknown kind 'causl'",
+                   files.dir.path("out.npy"));
+}
+
+TEST(Errors, E60_BadSpecArgument) {
+  CliFiles files;
+  expect_cli_error(files.attend("--mask sliding-window:x"),
+                   "--mask sliding-window:x: 'x' is not an integer", files.dir.path("out.npy"));
+  expect_cli_error(files.attend("--mask window:3"), "--mask window:3: window needs LEFT:RIGHT",
+                   files.dir.path("out.npy"));
+  expect_cli_error(files.attend("--mask chunk"), "--mask chunk: 'chunk' needs an argument");
+}
+
+TEST(Errors, E61_BoolMaskFileIsFloat) {
+  CliFiles files;
+  const std::string mask = files.write("m.npy", NpyArray::from_floats({0, -INFINITY}, {1, 2}));
+  expect_cli_error(files.attend("--mask keep:" + mask),
+                   "has dtype float32; keep masks are bool or 0/1 integers (for a float mask use "
+                   "additive:FILE)",
+                   files.dir.path("out.npy"));
+}
+
+TEST(Errors, E62_InputDtype) {
+  CliFiles files;
+  files.write("d.npy", NpyArray(NpyType::f8, {1, 3, 4}, std::vector<uint8_t>(96)));
+  expect_cli_error(files.attend("", "d.npy"),
+                   "d.npy has dtype float64; attention inputs are float32 or float16",
+                   files.dir.path("out.npy"));
+}
+
+TEST(Errors, E63_InputRank) {
+  CliFiles files;
+  files.write("r.npy", NpyArray::from_floats(std::vector<float>(12), {1, 1, 1, 3, 4}));
+  expect_cli_error(files.attend("", "r.npy"),
+                   "has shape [1,1,1,3,4]; expected [L,D], [B,L,D] or [B,H,L,D]");
+}
+
+TEST(Errors, E64_MixedFileDtypes) {
+  CliFiles files;
+  files.write("h.npy", NpyArray::from_float16(std::vector<float16>(12), {1, 3, 4}));
+  expect_cli_error(files.attend("", "q.npy", "h.npy"), "h.npy is float16 but --q",
+                   "pass --dtype f32|f16|bf16 to convert");
+}
+
+TEST(Errors, E65_MixedRanks) {
+  CliFiles files;
+  files.write("k4.npy", NpyArray::from_floats(std::vector<float>(12), {1, 1, 3, 4}));
+  expect_cli_error(files.attend("", "q.npy", "k4.npy"), "k4.npy has rank 4 but --q",
+                   "give q, k and v in the same layout");
+}
+
+TEST(Errors, E66_BadKernelName) {
+  CliFiles files;
+  expect_cli_error(files.attend("--kernel fast"), "--kernel: fast not in {auto,reference,fused}",
+                   files.dir.path("out.npy"), 2);
+}
+
+TEST(Errors, E67_BadThreadCount) {
+  CliFiles files;
+  expect_cli_error(files.attend("--threads 0"), "--threads", files.dir.path("out.npy"), 2);
+}
+
+TEST(Errors, E68_GridBatchOutOfRange) {
+  CliFiles files;
+  const std::string lengths = files.write("len.npy", NpyArray::from_int64({2, 3}, {2}));
+  expect_cli_error("mask causal key-lengths:" + lengths + " --lq 3 --lk 3 --batch 2",
+                   "--batch 2 is out of range: the mask files have B=2");
+}
+
+TEST(Errors, E69_CannotWriteOutput) {
+  CliFiles files;
+  expect_cli_error("attend --q " + files.dir.path("q.npy") + " --k " + files.dir.path("q.npy") +
+                       " --v " + files.dir.path("q.npy") + " --out /nonexistent/dir/o.npy",
+                   "cannot write '/nonexistent/dir/o.npy'");
+}
+
+TEST(Errors, E70_MissingRequiredOption) {
+  expect_cli_error("attend --k k.npy --v v.npy --out o.npy", "--q is required", "", 2);
+}
+
+TEST(Errors, E71_ShapeErrorThroughTheCli) {
+  CliFiles files;
+  const std::string lengths = files.write("len.npy", NpyArray::from_int64({3, 3}, {2}));
+  expect_cli_error(files.attend("--mask key-lengths:" + lengths),
+                   "--mask key-lengths:" + lengths + " has 2 entries but the batch has B=1",
+                   files.dir.path("out.npy"));
+}
+
+// ---- the document and the tests agree ------------------------------------------------------
+
+TEST(Errors, CatalogueEntriesAllHaveTests) {
+  std::ifstream doc(std::string(MASKATTN_SOURCE_DIR) + "/docs/errors.md");
+  ASSERT_TRUE(doc) << "docs/errors.md missing";
+  std::set<std::string> documented;
+  const std::regex row(R"(^\| (E\d\d) \|)");
+  for (std::string line; std::getline(doc, line);) {
+    std::smatch match;
+    if (std::regex_search(line, match, row)) documented.insert(match[1]);
+  }
+  std::set<std::string> tested;
+  const auto* suite = ::testing::UnitTest::GetInstance()->current_test_suite();
+  for (int n = 0; n < suite->total_test_count(); ++n) {
+    const std::string name = suite->GetTestInfo(n)->name();
+    if (name.size() > 3 && name[0] == 'E' && name[3] == '_') tested.insert(name.substr(0, 3));
+  }
+  EXPECT_GE(documented.size(), 25u);
+  EXPECT_EQ(documented, tested);
+}
+
+}  // namespace
+}  // namespace maskattn

@@ -1,0 +1,64 @@
+// The Mask builder: labels, descriptions, head sets, alignment, combination.
+#include "test_util.h"
+
+namespace maskattn {
+namespace {
+
+TEST(MaskBuilder, DescribeListsComponentsInOrder) {
+  EXPECT_EQ(Mask().describe(), "none");
+  EXPECT_EQ(Mask().causal().sliding_window(4).chunk(8).describe(),
+            "causal & sliding_window(4) & chunk(8)");
+  EXPECT_EQ(Mask().window(kUnbounded, 3).describe(), "window(inf,3)");
+  EXPECT_EQ(Mask().causal(HeadSet{0, 2}).describe(), "causal@heads=0,2");
+  EXPECT_EQ(Mask().causal(Alignment::top_left).describe(), "causal (top-left)");
+  EXPECT_EQ(Mask().prefix_lm(3).key_lengths({2}).describe(), "prefix_lm(3) & key_lengths");
+}
+
+TEST(MaskBuilder, LabelLastRenamesTheNewestComponent) {
+  Mask mask = Mask().causal().key_lengths({1});
+  mask.label_last("--mask key-lengths:len.npy");
+  EXPECT_EQ(mask.labels().back(), "--mask key-lengths:len.npy");
+  EXPECT_EQ(mask.components().size(), 2u);
+}
+
+TEST(MaskBuilder, SlidingWindowIsWindowOfWMinusOne) {
+  const Mask mask = Mask().sliding_window(5);
+  const auto& window = std::get<component::Window>(mask.components()[0]);
+  EXPECT_EQ(window.left, 4);
+  EXPECT_EQ(window.right, 0);
+}
+
+TEST(HeadSet, SortsDeduplicatesAndRanges) {
+  const HeadSet set{3, 1, 3};
+  EXPECT_EQ(set.heads(), (std::vector<int64_t>{1, 3}));
+  EXPECT_TRUE(set.contains(3));
+  EXPECT_FALSE(set.contains(2));
+  EXPECT_TRUE(HeadSet().is_all());
+  EXPECT_TRUE(HeadSet().contains(1000));
+  EXPECT_EQ(HeadSet::range(2, 5).heads(), (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(HeadSet::range(2, 4).to_string(), "@heads=2,3");
+}
+
+TEST(MaskBuilder, AlignmentDefaultsToBottomRightAndConflictsAreErrors) {
+  EXPECT_EQ(Mask().alignment(), Alignment::bottom_right);
+  EXPECT_FALSE(Mask().causal().alignment_is_set());
+  Mask mask = Mask().causal(Alignment::top_left);
+  EXPECT_TRUE(mask.alignment_is_set());
+  mask.set_alignment(Alignment::top_left);  // the same again is fine
+  EXPECT_MASKATTN_ERROR(mask.set_alignment(Alignment::bottom_right), "alignment");
+  EXPECT_MASKATTN_ERROR(Mask().causal(Alignment::bottom_right) & Mask().causal(Alignment::top_left),
+                        "one alignment");
+}
+
+TEST(MaskBuilder, CombinationKeepsBothSidesComponentsAndLabels) {
+  Mask a = Mask().causal();
+  a.label_last("first");
+  Mask b = Mask().chunk(2);
+  b.label_last("second");
+  const Mask both = a & b;
+  EXPECT_EQ(both.labels(), (std::vector<std::string>{"first", "second"}));
+  EXPECT_EQ(a.components().size(), 1u);  // operands unchanged
+}
+
+}  // namespace
+}  // namespace maskattn

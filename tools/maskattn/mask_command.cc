@@ -1,0 +1,109 @@
+// maskattn mask SPEC... --lq N --lk M [--batch b] [--head h]: the allowed/hidden grid of one
+// (batch, head) in the terminal.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <variant>
+
+#include "commands.h"
+#include "maskattn/attention.h"
+#include "maskattn/error.h"
+#include "maskattn/mask_spec.h"
+#include "print.h"
+
+namespace maskattn::cli {
+
+namespace {
+
+// The batch size and head count the mask's own arrays imply (0 = not constrained).
+struct Extent {
+  int64_t batch = 0;
+  int64_t heads = 0;
+};
+
+void widen_to(int64_t& current, int64_t size) {
+  current = std::max(current, size);
+}
+
+Extent implied_extent(const Mask& mask, const ScoreMods& mods) {
+  Extent extent;
+  const auto dense = [&](const Dims& shape) {
+    // Aligned at the right against [B, Hq, Lq, Lk]; size-1 axes broadcast.
+    const int rank = static_cast<int>(shape.size());
+    if (rank == 4 && shape[0] != 1) widen_to(extent.batch, shape[0]);
+    if (rank >= 3 && shape[rank - 3] != 1) widen_to(extent.heads, shape[rank - 3]);
+  };
+  for (const Component& part : mask.components()) {
+    std::visit(
+        [&](const auto& c) {
+          using T = std::decay_t<decltype(c)>;
+          if constexpr (std::is_same_v<T, component::Padding>) {
+            widen_to(extent.batch, c.values.dim(0));
+          } else if constexpr (std::is_same_v<T, component::Segments> ||
+                               std::is_same_v<T, component::Spans>) {
+            widen_to(extent.batch, c.key_ids.dim(0));
+          } else if constexpr (std::is_same_v<T, component::DenseBool> ||
+                               std::is_same_v<T, component::DenseAdditive>) {
+            dense(c.values.shape());
+          }
+          if constexpr (requires { c.heads; }) {
+            if (!c.heads.is_all()) widen_to(extent.heads, c.heads.heads().back() + 1);
+          }
+        },
+        part);
+  }
+  widen_to(extent.heads, static_cast<int64_t>(mods.alibi_slopes.size()));
+  widen_to(extent.heads, static_cast<int64_t>(mods.sinks.size()));
+  if (mods.bias) dense(mods.bias->shape());
+  return extent;
+}
+
+}  // namespace
+
+int run_mask(const MaskArgs& args) {
+  Mask mask;
+  ScoreMods mods;
+  for (const std::string& spec : args.specs) apply_mask_spec(spec, mask, mods, spec);
+  if (args.q_len < 0 || args.k_len < 0) {
+    throw Error("--lq " + std::to_string(args.q_len) + " --lk " + std::to_string(args.k_len) +
+                ": lengths must be ≥ 0");
+  }
+  if (args.batch < 0 || args.head < 0) {
+    throw Error("--batch and --head must be ≥ 0 (got " + std::to_string(args.batch) + ", " +
+                std::to_string(args.head) + ")");
+  }
+  const Extent extent = implied_extent(mask, mods);
+  if (extent.batch > 0 && args.batch >= extent.batch) {
+    throw Error("--batch " + std::to_string(args.batch) +
+                " is out of range: the mask files have B=" + std::to_string(extent.batch));
+  }
+  if (extent.heads > 0 && args.head >= extent.heads) {
+    throw Error("--head " + std::to_string(args.head) +
+                " is out of range: the mask has Hq=" + std::to_string(extent.heads));
+  }
+  const MaskShape shape = {std::max(extent.batch, args.batch + 1),
+                           std::max(extent.heads, args.head + 1), args.q_len, args.k_len};
+  const Array<uint8_t> allowed = allowed_pairs(mask, shape);
+
+  // The requested (batch, head) slice.
+  const int64_t plane = args.q_len * args.k_len;
+  const int64_t first = (args.batch * shape.q_heads + args.head) * plane;
+  const std::vector<uint8_t> slice(allowed.values().begin() + first,
+                                   allowed.values().begin() + first + plane);
+  fmt::print("mask: {}\n", mask.describe());
+  fmt::print("batch {} of B={}, head {} of Hq={}; Lq={}, Lk={}, {} aligned\n", args.batch,
+             shape.batch, args.head, shape.q_heads, args.q_len, args.k_len,
+             mask.alignment() == Alignment::top_left ? "top-left" : "bottom-right");
+  if (!mods.empty()) {
+    fmt::print(
+        "score modifiers (softcap, ALiBi, bias, sinks, threshold) change weights, not this "
+        "grid; a threshold can hide more pairs at run time\n");
+  }
+  fmt::print(
+      "█ allowed   · hidden   rows: queries i, columns: keys j, right: allowed keys per "
+      "row\n\n");
+  print_grid(slice, args.q_len, args.k_len);
+  return 0;
+}
+
+}  // namespace maskattn::cli

@@ -1,0 +1,55 @@
+// Attention tensors on disk: loading Q/K/V from .npy into [B,H,L,D] buffers of a chosen dtype,
+// and writing results so that either every output file appears or none does.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "maskattn/dtype.h"
+#include "maskattn/npy.h"
+#include "maskattn/tensor.h"
+
+namespace maskattn::cli {
+
+// A contiguous [B, H, L, D] tensor owned by the CLI.
+class TensorBuffer {
+ public:
+  TensorBuffer(DType dtype, Dims shape);  // zero-filled
+  // Rounds each value to nearest even in `dtype` (exact for f32, and for f16 data going to f16).
+  static TensorBuffer from_floats(const std::vector<float>& values, Dims shape, DType dtype);
+
+  DType dtype() const { return dtype_; }
+  const Dims& shape() const { return shape_; }
+  TensorView view() const { return TensorView(bytes_.data(), dtype_, shape_); }
+  MutableTensorView mutable_view() { return MutableTensorView(bytes_.data(), dtype_, shape_); }
+  std::vector<float> to_floats() const;
+
+ private:
+  DType dtype_;
+  Dims shape_;
+  std::vector<uint8_t> bytes_;
+};
+
+// One of --q/--k/--v: float32 or float16, [L,D], [B,L,D] or [B,H,L,D].
+struct InputTensor {
+  std::string flag;  // "--q q.npy", for messages
+  NpyType file_type = NpyType::f4;
+  int file_rank = 4;
+  Dims shape;  // as [B, H, L, D]
+  std::vector<float> values;
+};
+InputTensor load_input(const std::string& flag, const std::string& path);
+
+// Files are first written next to their destination under a temporary name, then renamed, so a
+// failure leaves no output behind.
+class OutputFiles {
+ public:
+  void add(const std::string& path, NpyArray array);
+  void commit();  // throws Error naming the path that failed; removes the temporaries it wrote
+
+ private:
+  std::vector<std::pair<std::string, NpyArray>> pending_;
+};
+
+}  // namespace maskattn::cli
