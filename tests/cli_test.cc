@@ -1,8 +1,231 @@
-// The maskattn command line, run as a separate process.
+// The maskattn command line, run as a separate process: outputs equal the library's, files keep
+// their layout and dtype, the text commands print what they promise.
+#include <cmath>
+#include <filesystem>
+
 #include "test_util.h"
 
 namespace maskattn {
 namespace {
-TEST(Cli, Placeholder) {}
+
+using test::run_cli;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(CliExample, PrintsTheSeedWeightsAndOutput) {
+  const test::CliResult result = run_cli("example");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const std::string& out = result.out;
+  EXPECT_TRUE(contains(out,
+                       "  [[1.000, 0.000, 0.000],\n"
+                       "   [0.269, 0.731, 0.000],\n"
+                       "   [0.274, 0.274, 0.452]]"))
+      << out;
+  EXPECT_TRUE(contains(out,
+                       "  [[1.000, 0.000, 1.000, 0.000],\n"
+                       "   [0.269, 0.731, 0.269, 0.731],\n"
+                       "   [0.726, 0.726, 0.274, 0.274]]"))
+      << out;
+  EXPECT_TRUE(contains(out, "  [[1.000, 0.000, 0.500],\n"));  // Q·Kᵀ/√d
+  EXPECT_TRUE(contains(out, "  [[   0, -inf, -inf],\n"));     // the mask
+  EXPECT_TRUE(contains(out, "  [[1.000,  -inf,  -inf],\n"));  // masked scores
+  EXPECT_TRUE(result.err.empty());
+}
+
+TEST(CliMask, DrawsTheGridWithIndicesAndCounts) {
+  const test::CliResult result = run_cli("mask causal --lq 3 --lk 5");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_TRUE(contains(result.out,
+                       "   0 1 2 3 4   keys\n"
+                       "0  █ █ █ · ·   3\n"
+                       "1  █ █ █ █ ·   4\n"
+                       "2  █ █ █ █ █   5\n"))
+      << result.out;
+  EXPECT_TRUE(contains(result.out, "bottom-right aligned"));
+}
+
+TEST(CliMask, TopLeftBatchAndHeadSelection) {
+  test::TempDir dir;
+  write_npy(dir.path("len.npy"), NpyArray::from_int64({3, 2}, {2}));
+  write_npy(dir.path("keep.npy"), NpyArray::from_bools({1, 1, 1, 0, 1, 1}, {1, 2, 1, 3}));
+  const test::CliResult result =
+      run_cli("mask causal:top-left key-lengths:" + dir.path("len.npy") +
+              " keep:" + dir.path("keep.npy") + " --lq 3 --lk 3 --batch 1 --head 1");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_TRUE(contains(result.out, "batch 1 of B=2, head 1 of Hq=2"));
+  EXPECT_TRUE(contains(result.out, "0  · · ·   0\n1  · █ ·   1\n2  · █ ·   1\n")) << result.out;
+}
+
+TEST(CliMask, WideGridsGetATensRow) {
+  const test::CliResult result = run_cli("mask sliding-window:2 --lq 12 --lk 12");
+  ASSERT_EQ(result.exit_code, 0);
+  EXPECT_TRUE(contains(result.out, "                      1 1 \n")) << result.out;
+  EXPECT_TRUE(contains(result.out, "11  · · · · · · · · · · █ █   2\n")) << result.out;
+}
+
+TEST(CliDemo, EverySequenceMatchesItsUnpaddedRun) {
+  const test::CliResult result = run_cli("demo");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  size_t equal = 0;
+  for (size_t at = 0; (at = result.out.find("(bitwise equal)", at)) != std::string::npos; ++at) {
+    ++equal;
+  }
+  EXPECT_EQ(equal, 3u) << result.out;
+  EXPECT_TRUE(contains(result.out, "[[1.000, 0.000, 0.000],"));  // the worked example came first
+  EXPECT_TRUE(contains(result.out, "<pad>"));
+  EXPECT_TRUE(contains(result.out, "Padding changed nothing"));
+}
+
+TEST(CliHelp, ListsCommandsAndSpecs) {
+  const test::CliResult help = run_cli("--help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_TRUE(contains(help.out, "attend"));
+  const test::CliResult attend_help = run_cli("attend --help");
+  EXPECT_EQ(attend_help.exit_code, 0);
+  EXPECT_TRUE(contains(attend_help.out, "sliding-window:W"));
+}
+
+// attend: run the CLI on files and the library on the same arrays; the outputs must be identical.
+class CliAttend : public ::testing::Test {
+ protected:
+  static constexpr int64_t B = 2, H = 3, L = 5, D = 4;
+  void SetUp() override {
+    q_ = test::random_values(B * H * L * D, 1);
+    k_ = test::random_values(B * H * L * D, 2);
+    v_ = test::random_values(B * H * L * D, 3);
+    write_npy(path("q.npy"), NpyArray::from_floats(q_, {B, H, L, D}));
+    write_npy(path("k.npy"), NpyArray::from_floats(k_, {B, H, L, D}));
+    write_npy(path("v.npy"), NpyArray::from_floats(v_, {B, H, L, D}));
+    write_npy(path("len.npy"), NpyArray::from_int64({5, 3}, {B}));
+  }
+  std::string path(const std::string& name) const { return dir_.path(name); }
+  std::string files() const {
+    return "attend --q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") +
+           " --out " + path("out.npy");
+  }
+  std::vector<float> library(const Mask& mask, DType dtype = DType::f32) const {
+    std::vector<float> out(q_.size());
+    if (dtype == DType::f32) {
+      attention(TensorView(q_.data(), {B, H, L, D}), TensorView(k_.data(), {B, H, L, D}),
+                TensorView(v_.data(), {B, H, L, D}), MutableTensorView(out.data(), {B, H, L, D}),
+                mask);
+      return out;
+    }
+    const auto narrow = [&](const std::vector<float>& x) {
+      std::vector<bfloat16> y(x.size());
+      for (size_t n = 0; n < x.size(); ++n) y[n] = bfloat16_from_float(x[n]);
+      return y;
+    };
+    const auto q = narrow(q_), k = narrow(k_), v = narrow(v_);
+    std::vector<bfloat16> o(q.size());
+    attention(TensorView(q.data(), {B, H, L, D}), TensorView(k.data(), {B, H, L, D}),
+              TensorView(v.data(), {B, H, L, D}), MutableTensorView(o.data(), {B, H, L, D}), mask);
+    for (size_t n = 0; n < o.size(); ++n) out[n] = to_float(o[n]);
+    return out;
+  }
+  test::TempDir dir_;
+  std::vector<float> q_, k_, v_;
+};
+
+TEST_F(CliAttend, OutputEqualsTheLibraryWithMasksLseAndWeights) {
+  const test::CliResult result =
+      run_cli(files() + " --mask causal --mask key-lengths:" + path("len.npy") + " --lse " +
+              path("lse.npy") + " --weights " + path("p.npy") + " --threads 2");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const NpyArray out = read_npy(path("out.npy"));
+  EXPECT_EQ(out.shape(), (Dims{B, H, L, D}));
+  EXPECT_EQ(out.to_float32("out"), library(Mask().causal().key_lengths({5, 3})));
+  const NpyArray lse = read_npy(path("lse.npy"));
+  EXPECT_EQ(lse.shape(), (Dims{B, H, L}));
+  EXPECT_EQ(lse.type(), NpyType::f4);
+  const NpyArray weights = read_npy(path("p.npy"));
+  EXPECT_EQ(weights.shape(), (Dims{B, H, L, L}));
+  const std::vector<float> p = weights.to_float32("p");
+  EXPECT_EQ(p[1], 0.0f);  // a future key
+  EXPECT_NEAR(p[0], 1.0f, 1e-7);
+  EXPECT_FALSE(std::filesystem::exists(path("out.npy.tmp")));
+}
+
+TEST_F(CliAttend, RankTwoAndThreeInputsKeepTheirLayout) {
+  write_npy(path("q2.npy"),
+            NpyArray::from_floats(std::vector<float>(q_.begin(), q_.begin() + L * D), {L, D}));
+  const test::CliResult two =
+      run_cli("attend --q " + path("q2.npy") + " --k " + path("q2.npy") + " --v " + path("q2.npy") +
+              " --out " + path("o2.npy") + " --mask causal");
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  EXPECT_EQ(read_npy(path("o2.npy")).shape(), (Dims{L, D}));
+  write_npy(path("q3.npy"), NpyArray::from_floats(q_, {B * H, L, D}));
+  const test::CliResult three =
+      run_cli("attend --q " + path("q3.npy") + " --k " + path("q3.npy") + " --v " + path("q3.npy") +
+              " --out " + path("o3.npy") + " --lse " + path("l3.npy"));
+  ASSERT_EQ(three.exit_code, 0) << three.err;
+  EXPECT_EQ(read_npy(path("o3.npy")).shape(), (Dims{B * H, L, D}));
+  EXPECT_EQ(read_npy(path("l3.npy")).shape(), (Dims{B * H, 1, L}));
+}
+
+TEST_F(CliAttend, Bf16ComputesInBf16AndWritesF32) {
+  const test::CliResult result = run_cli(files() + " --mask causal --dtype bf16");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const NpyArray out = read_npy(path("out.npy"));
+  EXPECT_EQ(out.type(), NpyType::f4);
+  EXPECT_EQ(out.to_float32("out"), library(Mask().causal(), DType::bf16));
+}
+
+TEST_F(CliAttend, F16FilesGiveAnF16Output) {
+  std::vector<float16> half(q_.size());
+  for (size_t n = 0; n < q_.size(); ++n) half[n] = float16_from_float(q_[n]);
+  write_npy(path("h.npy"), NpyArray::from_float16(half, {B, H, L, D}));
+  const std::string h = path("h.npy");
+  const test::CliResult result =
+      run_cli("attend --q " + h + " --k " + h + " --v " + h + " --out " + path("o.npy"));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const NpyArray out = read_npy(path("o.npy"));
+  EXPECT_EQ(out.type(), NpyType::f2);
+  std::vector<float16> expected(half.size());
+  attention(TensorView(half.data(), {B, H, L, D}), TensorView(half.data(), {B, H, L, D}),
+            TensorView(half.data(), {B, H, L, D}),
+            MutableTensorView(expected.data(), {B, H, L, D}));
+  const std::vector<float16> got = out.to_float16("o");
+  for (size_t n = 0; n < got.size(); ++n) ASSERT_EQ(got[n].bits, expected[n].bits) << n;
+  // --dtype f32 on f16 files: computed in f32, written back as f16.
+  const test::CliResult widened = run_cli("attend --q " + h + " --k " + h + " --v " + h +
+                                          " --out " + path("w.npy") + " --dtype f32");
+  ASSERT_EQ(widened.exit_code, 0) << widened.err;
+  EXPECT_EQ(read_npy(path("w.npy")).type(), NpyType::f2);
+}
+
+TEST_F(CliAttend, ScaleAndKernelFlags) {
+  const test::CliResult result =
+      run_cli(files() + " --scale 0.125 --kernel reference --mask window:1:1 --mask softcap:5");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::vector<float> out(q_.size());
+  Options options;
+  options.scale = 0.125;
+  ScoreMods mods;
+  mods.softcap = 5.0;
+  attention(TensorView(q_.data(), {B, H, L, D}), TensorView(k_.data(), {B, H, L, D}),
+            TensorView(v_.data(), {B, H, L, D}), MutableTensorView(out.data(), {B, H, L, D}),
+            Mask().window(1, 1), mods, options);
+  EXPECT_EQ(read_npy(path("out.npy")).to_float32("out"), out);
+}
+
+TEST_F(CliAttend, InvalidInputWritesNothing) {
+  const test::CliResult result =
+      run_cli(files() + " --lse " + path("lse.npy") + " --mask key-lengths:" + path("q.npy"));
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_FALSE(std::filesystem::exists(path("out.npy")));
+  EXPECT_FALSE(std::filesystem::exists(path("lse.npy")));
+  EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1);
+  // A failure on the second output leaves neither the first nor any temporary behind.
+  const test::CliResult unwritable = run_cli(files() + " --lse /nonexistent/dir/lse.npy");
+  EXPECT_EQ(unwritable.exit_code, 1);
+  EXPECT_FALSE(std::filesystem::exists(path("out.npy")));
+  for (const auto& entry : std::filesystem::directory_iterator(dir_.root())) {
+    EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
+}
+
 }  // namespace
 }  // namespace maskattn

@@ -721,7 +721,7 @@ TEST(NpyFile, ContentErrorsStartWithPath) {
   const TempDir dir;
   const std::string path = dir.file("short.npy");
   std::vector<uint8_t> image = serialize_npy(NpyArray::from_floats({1, 2, 3, 4, 5, 6}, {2, 3}));
-  image.resize(image.size() - 4);
+  image.erase(image.end() - 4, image.end());  // drop the last element
   write_raw(path, image);
   try {
     read_npy(path);

@@ -14,7 +14,6 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
-#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -174,8 +173,8 @@ class Mask {
   // Query alignment when Lq ≠ Lk; applies to every position-dependent component. Setting two
   // different alignments on one mask (or combining masks that did) is an error.
   Mask& set_alignment(Alignment alignment);
-  Alignment alignment() const { return alignment_.value_or(Alignment::bottom_right); }
-  bool alignment_is_set() const { return alignment_.has_value(); }
+  Alignment alignment() const { return alignment_; }
+  bool alignment_is_set() const { return alignment_is_set_; }
 
   // Intersection: a pair is allowed by a & b iff both allow it.
   friend Mask operator&(Mask a, const Mask& b);
@@ -196,7 +195,8 @@ class Mask {
 
   std::vector<Component> components_;
   std::vector<std::string> labels_;
-  std::optional<Alignment> alignment_;
+  Alignment alignment_ = Alignment::bottom_right;
+  bool alignment_is_set_ = false;  // set explicitly (conflicts are errors), not by default
 };
 
 }  // namespace maskattn

@@ -234,15 +234,16 @@ Mask& Mask::predicate(component::PairPredicate allows, std::string name) {
 }
 
 Mask& Mask::set_alignment(Alignment alignment) {
-  if (alignment_ && *alignment_ != alignment) {
+  if (alignment_is_set_ && alignment_ != alignment) {
     throw Error("mask alignment set to both bottom-right and top-left; a mask has one alignment");
   }
   alignment_ = alignment;
+  alignment_is_set_ = true;
   return *this;
 }
 
 Mask operator&(Mask a, const Mask& b) {
-  if (b.alignment_) a.set_alignment(*b.alignment_);
+  if (b.alignment_is_set_) a.set_alignment(b.alignment_);
   for (size_t n = 0; n < b.components_.size(); ++n) a.add(b.components_[n], b.labels_[n]);
   return a;
 }

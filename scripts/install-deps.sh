@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages maskattn needs to build and test, when they are missing.
+# Nothing is downloaded when everything is already installed.
+set -euo pipefail
+
+packages=(
+  g++ make cmake pkg-config git   # toolchain (OpenMP comes with g++)
+  libgtest-dev libgmock-dev       # GoogleTest
+  libbenchmark-dev                # Google Benchmark (bench/)
+  libhwy-dev                      # Highway: SIMD with runtime dispatch (fused kernels)
+  libcli11-dev                    # CLI11: the command line
+  libfmt-dev                      # fmt: terminal output
+  clang-format                    # style check in the test command
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$package")
+  fi
+done
+
+if ((${#missing[@]} > 0)); then
+  echo "install-deps: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
