@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <exception>
+#include <optional>
 #include <vector>
 
 namespace maskattn::detail::reference {
@@ -67,28 +68,31 @@ void for_each_row(const Problem& p, RowFn&& fn) {
   const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
   std::exception_ptr failure;
   std::atomic<bool> failed{false};
+  const auto record = [&] {
+#pragma omp critical(maskattn_reference_failure)
+    if (!failure) failure = std::current_exception();
+    failed = true;
+  };
 #pragma omp parallel num_threads(threads)
   {
+    // Every thread must reach the worksharing loop, even one whose scratch allocation failed.
+    std::optional<RowScratch> scratch;
     try {
-      RowScratch scratch(p);
+      scratch.emplace(p);
+    } catch (...) {
+      record();
+    }
 #pragma omp for schedule(static)
-      for (int64_t row = 0; row < rows; ++row) {
-        if (failed.load(std::memory_order_relaxed)) continue;
-        const int64_t i = row % p.q_len;
-        const int64_t h = (row / p.q_len) % p.q_heads;
-        const int64_t b = row / (p.q_len * p.q_heads);
-        try {
-          fn(b, h, i, scratch);
-        } catch (...) {
-#pragma omp critical(maskattn_reference_failure)
-          if (!failure) failure = std::current_exception();
-          failed = true;
-        }
+    for (int64_t row = 0; row < rows; ++row) {
+      if (failed.load(std::memory_order_relaxed)) continue;
+      const int64_t i = row % p.q_len;
+      const int64_t h = (row / p.q_len) % p.q_heads;
+      const int64_t b = row / (p.q_len * p.q_heads);
+      try {
+        fn(b, h, i, *scratch);
+      } catch (...) {
+        record();
       }
-    } catch (...) {  // scratch allocation
-#pragma omp critical(maskattn_reference_failure)
-      if (!failure) failure = std::current_exception();
-      failed = true;
     }
   }
   if (failure) std::rethrow_exception(failure);
