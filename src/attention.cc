@@ -173,8 +173,9 @@ Problem make_problem(const TensorView& q, const TensorView& k, const TensorView*
     }
     p.scale = 1.0 / std::sqrt(static_cast<double>(p.head_dim));
   }
-  if (options.threads < 0) {
-    throw Error("threads = " + std::to_string(options.threads) + " must be ≥ 0 (0 = all cores)");
+  if (options.threads < 0 || options.threads > kMaxThreads) {
+    throw Error("threads = " + std::to_string(options.threads) + " must be in [0, " +
+                std::to_string(kMaxThreads) + "] (0 = all cores)");
   }
   p.threads = options.threads;
   return p;
@@ -317,6 +318,22 @@ Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape) {
         for (int64_t j = 0; j < shape.k_len; ++j) values[n++] = resolved.allowed(b, h, i, j);
       }
     }
+  }
+  return Array<uint8_t>(dims, std::move(values));
+}
+
+Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape, int64_t batch,
+                             int64_t head) {
+  if (batch < 0 || batch >= shape.batch || head < 0 || head >= shape.q_heads) {
+    throw Error("allowed_pairs: batch " + std::to_string(batch) + ", head " + std::to_string(head) +
+                " is outside scores " + detail::scores_shape_string(shape));
+  }
+  const ResolvedMask resolved(mask, shape);
+  const Dims dims = {shape.q_len, shape.k_len};
+  std::vector<uint8_t> values(static_cast<size_t>(checked_numel(dims, "allowed_pairs")));
+  size_t n = 0;
+  for (int64_t i = 0; i < shape.q_len; ++i) {
+    for (int64_t j = 0; j < shape.k_len; ++j) values[n++] = resolved.allowed(batch, head, i, j);
   }
   return Array<uint8_t>(dims, std::move(values));
 }

@@ -145,7 +145,26 @@ TEST_F(CliAttend, OutputEqualsTheLibraryWithMasksLseAndWeights) {
   const std::vector<float> p = weights.to_float32("p");
   EXPECT_EQ(p[1], 0.0f);  // a future key
   EXPECT_NEAR(p[0], 1.0f, 1e-7);
-  EXPECT_FALSE(std::filesystem::exists(path("out.npy.tmp")));
+  for (const auto& entry : std::filesystem::directory_iterator(dir_.root())) {
+    EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
+}
+
+TEST_F(CliAttend, OneHeadInputsReadThreeDimensionalMasksAsBatchMajor) {
+  // [B,L,D] inputs: a [B,Lq,Lk] keep file applies per sequence (it becomes [B,1,Lq,Lk]).
+  write_npy(path("q3.npy"), NpyArray::from_floats(
+                                std::vector<float>(q_.begin(), q_.begin() + 2 * L * D), {2, L, D}));
+  std::vector<uint8_t> keep(2 * L * L, 1);
+  for (int64_t j = 1; j < L; ++j) keep[L * L + j] = 0;  // sequence 1, query 0 sees key 0 only
+  write_npy(path("keep.npy"), NpyArray::from_bools(keep, {2, L, L}));
+  const std::string q3 = path("q3.npy");
+  const test::CliResult result =
+      run_cli("attend --q " + q3 + " --k " + q3 + " --v " + q3 + " --out " + path("o.npy") +
+              " --weights " + path("p.npy") + " --mask keep:" + path("keep.npy"));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const std::vector<float> p = read_npy(path("p.npy")).to_float32("p");
+  EXPECT_EQ(p[L * L], 1.0f);  // sequence 1, query 0, key 0
+  EXPECT_LT(p[0], 1.0f);      // sequence 0 is unmasked
 }
 
 TEST_F(CliAttend, RankTwoAndThreeInputsKeepTheirLayout) {

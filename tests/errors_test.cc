@@ -2,6 +2,7 @@
 // id), and a check that every entry of the document has its test.
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -175,6 +176,9 @@ TEST(Errors, E16_NegativeOrOverflowingShape) {
                         "tensor view shape [2,-3] has a negative size");
   EXPECT_MASKATTN_ERROR(TensorView(&x, Dims{1ll << 32, 1ll << 32, 4}),
                         "has more elements than int64 can count");
+  // Empty, but its strides would still overflow.
+  EXPECT_MASKATTN_ERROR(TensorView(&x, Dims{0, 1ll << 40, 1ll << 40}),
+                        "has more elements than int64 can count");
 }
 
 TEST(Errors, E17_ArrayValueCount) {
@@ -200,11 +204,13 @@ TEST(Errors, E19_DefaultScaleWithZeroHeadDim) {
       "q has head dim D=0, so the default scale 1/sqrt(D) is undefined");
 }
 
-TEST(Errors, E20_NegativeThreads) {
+TEST(Errors, E20_ThreadCount) {
   Problem p;
   Options options;
   options.threads = -1;
-  EXPECT_MASKATTN_ERROR(p.run({}, {}, options), "threads = -1 must be ≥ 0");
+  EXPECT_MASKATTN_ERROR(p.run({}, {}, options), "threads = -1 must be in [0, 1024]");
+  options.threads = 100000;  // OpenMP would try to start them all
+  EXPECT_MASKATTN_ERROR(p.run({}, {}, options), "threads = 100000 must be in [0, 1024]");
 }
 
 TEST(Errors, E21_FusedKernelNotAvailable) {
@@ -562,6 +568,31 @@ TEST(Errors, E71_ShapeErrorThroughTheCli) {
   expect_cli_error(files.attend("--mask key-lengths:" + lengths),
                    "--mask key-lengths:" + lengths + " has 2 entries but the batch has B=1",
                    files.dir.path("out.npy"));
+  // Errors about the views name the files and their shapes as well.
+  files.write("k2.npy", NpyArray::from_floats(std::vector<float>(24), {2, 3, 4}));
+  expect_cli_error(files.attend("", "q.npy", "k2.npy"),
+                   "k batch 2 does not match q batch 1 (q [1,1,3,4], k [2,1,3,4]) (--q " +
+                       files.dir.path("q.npy") + " [1,3,4], --k " + files.dir.path("k2.npy") +
+                       " [2,3,4], --v " + files.dir.path("q.npy") + " [1,3,4])");
+}
+
+TEST(Errors, E72_Float64BeyondFloat32Range) {
+  CliFiles files;
+  const std::string additive = files.write("a.npy", NpyArray(NpyType::f8, {3}, [] {
+                                             std::vector<uint8_t> bytes(24, 0);
+                                             const double lowest = -1.7976931348623157e308;
+                                             std::memcpy(bytes.data() + 8, &lowest, 8);
+                                             return bytes;
+                                           }()));
+  expect_cli_error(files.attend("--mask additive:" + additive),
+                   "value -1.7976931348623157e+308 at flat index 1 is outside the float32 range",
+                   files.dir.path("out.npy"));
+}
+
+TEST(Errors, E73_TwoOutputsOneFile) {
+  CliFiles files;
+  expect_cli_error(files.attend("--lse " + files.dir.path("out.npy")),
+                   "--out and --lse name the same file", files.dir.path("out.npy"));
 }
 
 // ---- the document and the tests agree ------------------------------------------------------

@@ -29,14 +29,23 @@ TEST(MaskBuilder, SlidingWindowIsWindowOfWMinusOne) {
 }
 
 TEST(HeadSet, SortsDeduplicatesAndRanges) {
-  const HeadSet set{3, 1, 3};
-  EXPECT_EQ(set.heads(), (std::vector<int64_t>{1, 3}));
+  const HeadSet set{3, 1, 3, 4, 0};
+  EXPECT_EQ(set.to_string(), "@heads=0,1,3,4");
   EXPECT_TRUE(set.contains(3));
   EXPECT_FALSE(set.contains(2));
+  EXPECT_FALSE(set.contains(5));
+  EXPECT_EQ(set.max_head(), 4);
+  EXPECT_EQ(HeadSet{7}.to_string(), "@heads=7");
   EXPECT_TRUE(HeadSet().is_all());
   EXPECT_TRUE(HeadSet().contains(1000));
-  EXPECT_EQ(HeadSet::range(2, 5).heads(), (std::vector<int64_t>{2, 3, 4}));
-  EXPECT_EQ(HeadSet::range(2, 4).to_string(), "@heads=2,3");
+  EXPECT_EQ(HeadSet().max_head(), -1);
+  EXPECT_EQ(HeadSet::range(2, 5).to_string(), "@heads=2-4");
+  EXPECT_EQ(HeadSet({5, 6, 7, 8, 1}).to_string(), "@heads=1,5-8");
+  // Huge ranges cost nothing and are checked against Hq when the mask is used.
+  const HeadSet huge = HeadSet::range(0, int64_t{1} << 40);
+  EXPECT_TRUE(huge.contains((int64_t{1} << 40) - 1));
+  EXPECT_MASKATTN_ERROR(allowed_pairs(Mask().causal(huge), {1, 8, 2, 2}),
+                        "causal applies to head 1099511627775 but the query has Hq=8 heads");
 }
 
 TEST(MaskBuilder, AlignmentDefaultsToBottomRightAndConflictsAreErrors) {

@@ -53,6 +53,15 @@ TEST(Positions, KeyStartsCountFromTheFirstRealToken) {
   EXPECT_EQ(top_left.qpos(0, 2), 0);
 }
 
+TEST(Positions, TopLeftCrossAttentionQueriesStartAtZero) {
+  // Lq != Lk: the queries are other tokens, so the keys' left padding does not shift them.
+  const ResolvedMask mask(Mask().key_starts({2}).set_alignment(Alignment::top_left), {1, 1, 2, 5});
+  EXPECT_EQ(mask.qpos(0, 0), 0);
+  EXPECT_EQ(mask.kpos(0, 2), 0);
+  EXPECT_EQ(test::grid(Mask().causal(Alignment::top_left).key_starts({2}), {1, 1, 2, 5}),
+            (std::vector<std::string>{"..1..", "..11."}));
+}
+
 TEST(Positions, TopLeftUsesQueryStartsWhenGiven) {
   const ResolvedMask mask(
       Mask().key_starts({1}).query_starts({3}).set_alignment(Alignment::top_left), {1, 1, 5, 5});

@@ -119,7 +119,9 @@ TEST_F(MaskSpec, ErrorsNameTheSpec) {
                         "mask spec 'key-lengths:/nonexistent.npy': cannot open '/nonexistent.npy'");
   const std::string matrix = file("m.npy", NpyArray::from_int64({1, 2}, {1, 2}));
   EXPECT_MASKATTN_ERROR(mask_of({"key-lengths:" + matrix}), "has shape [1,2]; expected [B]");
-  EXPECT_MASKATTN_ERROR(mask_of({"alibi:" + matrix}), "has dtype int64");
+  EXPECT_MASKATTN_ERROR(mask_of({"alibi:" + matrix}), "alibi file has shape [1,2]; expected [Hq]");
+  const std::string integers = file("n.npy", NpyArray::from_int64({1, 2}, {2}));
+  EXPECT_MASKATTN_ERROR(mask_of({"sinks:" + integers}), "has dtype int64");
   Mask labelled;
   EXPECT_MASKATTN_ERROR(apply_mask_spec("chunk:0", labelled, mods_, "--mask chunk:0"),
                         "--mask chunk:0: chunk(0)");

@@ -620,13 +620,27 @@ TEST(NpyConvert, ToFloat32FromFloat16IsExact) {
 }
 
 TEST(NpyConvert, ToFloat32FromFloat64RoundsToNearest) {
-  const std::vector<double> doubles = {0.1, 1.0 + 0x1p-24, 1.0 + 0x1p-23 + 0x1p-24, 1e300};
+  const std::vector<double> doubles = {0.1, 1.0 + 0x1p-24, 1.0 + 0x1p-23 + 0x1p-24, -INFINITY};
   const NpyArray array(NpyType::f8, {4}, raw_bytes(doubles));
   const std::vector<float> floats = array.to_float32("d");
   EXPECT_EQ(floats[0], 0.1f);
   EXPECT_EQ(floats[1], 1.0f);             // tie, rounds to even
   EXPECT_EQ(floats[2], 1.0f + 0x1p-22f);  // tie, rounds to even (up)
-  EXPECT_TRUE(std::isinf(floats[3]));
+  EXPECT_EQ(floats[3], -INFINITY);        // infinities stay infinities
+}
+
+TEST(NpyConvert, ToFloat32RefusesFiniteFloat64BeyondFloat32Range) {
+  // np.finfo(np.float64).min in an additive mask must not turn into -inf (which would hide).
+  const NpyArray array(NpyType::f8, {2},
+                       raw_bytes(std::vector<double>{0.0, -1.7976931348623157e308}));
+  try {
+    array.to_float32("add.npy");
+    FAIL() << "expected an Error";
+  } catch (const Error& error) {
+    EXPECT_STREQ(error.what(),
+                 "add.npy value -1.7976931348623157e+308 at flat index 1 is outside "
+                 "the float32 range (±3.4e38)");
+  }
 }
 
 TEST(NpyConvert, ToFloat32RefusesIntegersAndBool) {

@@ -3,6 +3,7 @@
 // naive implementation (materialised mask, plain loops) cross-checks random problems.
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 
 #include "test_util.h"
@@ -42,9 +43,13 @@ std::vector<float> run(const Tensors& t, const Mask& mask = {}, const ScoreMods&
   return out;
 }
 
-// Independent oracle: straight from O = softmax(scale·QKᵀ restricted to allowed pairs)·V in f64.
-std::vector<double> naive(const Tensors& t, const Mask& mask) {
-  const Array<uint8_t> allowed = allowed_pairs(mask, t.shape());
+// Independent oracle, written straight from DESIGN.md without maskattn's mask code: `allowed`
+// and `adjust` (what the modifiers add to the scaled score) are per-case lambdas below.
+using PairFn = std::function<bool(int64_t b, int64_t h, int64_t i, int64_t j)>;
+using AdjustFn = std::function<double(int64_t b, int64_t h, int64_t i, int64_t j, double s)>;
+
+std::vector<double> naive(const Tensors& t, const PairFn& allowed, const AdjustFn& adjust = {},
+                          double sink = -INFINITY) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(t.D));
   std::vector<double> out(t.B * t.Hq * t.Lq * t.Dv, 0.0);
   for (int64_t b = 0; b < t.B; ++b) {
@@ -52,19 +57,19 @@ std::vector<double> naive(const Tensors& t, const Mask& mask) {
       const int64_t g = h / (t.Hq / t.Hkv);
       for (int64_t i = 0; i < t.Lq; ++i) {
         std::vector<double> s(t.Lk, -INFINITY);
-        double max = -INFINITY;
+        double max = sink;
         for (int64_t j = 0; j < t.Lk; ++j) {
-          if (!allowed.values()[((b * t.Hq + h) * t.Lq + i) * t.Lk + j]) continue;
+          if (!allowed(b, h, i, j)) continue;
           double dot = 0;
           for (int64_t d = 0; d < t.D; ++d) {
             dot += double{t.q[((b * t.Hq + h) * t.Lq + i) * t.D + d]} *
                    t.k[((b * t.Hkv + g) * t.Lk + j) * t.D + d];
           }
-          s[j] = scale * dot;
+          s[j] = adjust ? adjust(b, h, i, j, scale * dot) : scale * dot;
           max = std::max(max, s[j]);
         }
         if (max == -INFINITY) continue;
-        double total = 0;
+        double total = std::exp(sink - max);
         for (double& x : s) total += (x = std::exp(x - max));
         for (int64_t j = 0; j < t.Lk; ++j) {
           for (int64_t d = 0; d < t.Dv; ++d) {
@@ -76,6 +81,10 @@ std::vector<double> naive(const Tensors& t, const Mask& mask) {
     }
   }
   return out;
+}
+
+int64_t floor_div(int64_t a, int64_t b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
 }
 
 TEST(WorkedExample, SeedWeightsAndOutput) {
@@ -100,31 +109,127 @@ TEST(WorkedExample, SeedWeightsAndOutput) {
   EXPECT_EQ(weights[5], 0.0f);
 }
 
-TEST(Reference, MatchesNaiveOracleOnRandomProblemsAndMasks) {
-  const std::vector<std::pair<const char*, Mask>> masks = {
-      {"none", Mask()},
-      {"causal", Mask().causal()},
-      {"causal top-left", Mask().causal(Alignment::top_left)},
-      {"window", Mask().window(3, 1)},
-      {"sliding+chunk", Mask().sliding_window(4).chunk(5)},
-      {"padding", Mask().causal().key_lengths({7, 3}).query_lengths({5, 2})},
-      {"left padding", Mask().causal().key_starts({2, 0})},
-      {"prefix", Mask().causal().prefix_lm(4)},
-      {"per head", Mask().causal(HeadSet{0}).window(2, 0, HeadSet{1, 3})},
-      {"predicate", Mask().predicate([](int64_t, int64_t h, int64_t i, int64_t j) {
-         return (i * 3 + j + h) % 4 != 0;
-       })},
-  };
-  for (const auto& [name, mask] : masks) {
-    for (const auto& [lq, lk] : {std::pair<int64_t, int64_t>{9, 9}, {5, 9}, {9, 7}}) {
-      const Tensors t(2, 4, 2, lq, lk, 8, 5, lq * 31 + lk);
-      const std::vector<float> ours = run(t, mask);
-      const std::vector<double> expected = naive(t, mask);
+TEST(Reference, MatchesIndependentOracleForEveryComponent) {
+  for (const auto& [lq, lk] : {std::pair<int64_t, int64_t>{9, 9}, {5, 9}, {9, 7}}) {
+    const Tensors t(2, 4, 2, lq, lk, 8, 5, lq * 31 + lk);
+    const int64_t shift = lk - lq;  // bottom-right: qpos = i + shift
+    // Per-batch id arrays and a dense pattern shared by several cases.
+    std::vector<int64_t> seg_q, seg_k, span_q, span_k;
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t i = 0; i < lq; ++i) seg_q.push_back((i + shift + b) / 3);
+      for (int64_t i = 0; i < lq; ++i) span_q.push_back(i + shift >= 2 && i + shift < 5);
+      for (int64_t j = 0; j < lk; ++j) seg_k.push_back((j + b) / 3);
+      for (int64_t j = 0; j < lk; ++j) span_k.push_back(j >= 2 && j < 5);
+    }
+    const auto pattern = [](int64_t a, int64_t b) { return (a * 5 + b * 3) % 7 < 4; };
+    std::vector<uint8_t> keep(2 * lq * lk), blocked(lq * lk);
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t i = 0; i < lq; ++i)
+        for (int64_t j = 0; j < lk; ++j) keep[(b * lq + i) * lk + j] = pattern(b * 11 + i, j);
+    for (int64_t n = 0; n < lq * lk; ++n) blocked[n] = pattern(n, 1);
+    std::vector<float> additive(4 * lk);
+    for (int64_t n = 0; n < 4 * lk; ++n) additive[n] = n % 5 == 0 ? -INFINITY : 0.25f * (n % 3);
+
+    struct Case {
+      const char* name;
+      Mask mask;
+      PairFn allowed;
+      ScoreMods mods = {};
+      AdjustFn adjust = {};
+    };
+    const std::vector<Case> cases = {
+        {"none", Mask(), [](int64_t, int64_t, int64_t, int64_t) { return true; }},
+        {"causal", Mask().causal(),
+         [&](int64_t, int64_t, int64_t i, int64_t j) { return j <= i + shift; }},
+        {"causal top-left", Mask().causal(Alignment::top_left),
+         [&](int64_t, int64_t, int64_t i, int64_t j) { return j <= i; }},
+        {"window(3,1)", Mask().window(3, 1),
+         [&](int64_t, int64_t, int64_t i, int64_t j) {
+           return i + shift - j <= 3 && j - (i + shift) <= 1;
+         }},
+        {"sliding_window(4) & chunk(5)", Mask().sliding_window(4).chunk(5),
+         [&](int64_t, int64_t, int64_t i, int64_t j) {
+           const int64_t d = i + shift - j;
+           return d >= 0 && d <= 3 && floor_div(i + shift, 5) == floor_div(j, 5);
+         }},
+        {"ragged padding", Mask().causal().key_lengths({7, 3}).query_lengths({5, 2}),
+         [&](int64_t b, int64_t, int64_t i, int64_t j) {
+           const int64_t klen = b == 0 ? 7 : 3, qlen = b == 0 ? 5 : 2;
+           return i < qlen && j < klen && j <= i + klen - qlen;
+         }},
+        {"left padding", Mask().causal().key_starts({2, 0}).chunk(3),
+         [&](int64_t b, int64_t, int64_t i, int64_t j) {
+           const int64_t start = b == 0 ? 2 : 0;
+           const int64_t qpos = i + shift - start, kpos = j - start;
+           return j >= start && kpos <= qpos && floor_div(qpos, 3) == floor_div(kpos, 3);
+         }},
+        {"prefix", Mask().causal().prefix_lm(4),
+         [&](int64_t, int64_t, int64_t i, int64_t j) {
+           const int64_t qpos = i + shift;
+           return j <= qpos || (qpos >= 0 && qpos < 4 && j < 4);
+         }},
+        {"per head", Mask().causal(HeadSet{0}).window(2, 0, HeadSet{1, 3}),
+         [&](int64_t, int64_t h, int64_t i, int64_t j) {
+           const int64_t d = i + shift - j;
+           if (h == 0) return d >= 0;
+           if (h == 1 || h == 3) return d >= 0 && d <= 2;
+           return true;
+         }},
+        {"predicate", Mask().predicate([](int64_t, int64_t h, int64_t i, int64_t j) {
+           return (i * 3 + j + h) % 4 != 0;
+         }),
+         [&](int64_t, int64_t h, int64_t i, int64_t j) { return (i * 3 + j + h) % 4 != 0; }},
+        {"segments & causal",
+         Mask().causal().segments(Array<int64_t>({2, lq}, seg_q), Array<int64_t>({2, lk}, seg_k)),
+         [&](int64_t b, int64_t, int64_t i, int64_t j) {
+           return j <= i + shift && (i + shift + b) / 3 == (j + b) / 3;
+         }},
+        {"spans & causal",
+         Mask().causal().spans(Array<int64_t>({2, lq}, span_q), Array<int64_t>({2, lk}, span_k)),
+         [&](int64_t, int64_t, int64_t i, int64_t j) {
+           const bool same_span = i + shift >= 2 && i + shift < 5 && j >= 2 && j < 5;
+           return j <= i + shift || same_span;
+         }},
+        {"keep [B,1,Lq,Lk] & blocked [Lq,Lk]",
+         Mask()
+             .keep(Array<uint8_t>({2, 1, lq, lk}, keep))
+             .blocked(Array<uint8_t>({lq, lk}, blocked)),
+         [&](int64_t b, int64_t, int64_t i, int64_t j) {
+           return pattern(b * 11 + i, j) && !pattern(i * lk + j, 1);
+         }},
+        {"additive [1,Hq,1,Lk]", Mask().additive(Array<float>({1, 4, 1, lk}, additive)),
+         [&](int64_t, int64_t h, int64_t, int64_t j) { return (h * lk + j) % 5 != 0; }, ScoreMods{},
+         [&](int64_t, int64_t h, int64_t, int64_t j, double s) {
+           return s + double{additive[h * lk + j]};
+         }},
+    };
+    for (const Case& c : cases) {
+      const std::vector<float> ours = run(t, c.mask, c.mods);
+      const std::vector<double> expected = naive(t, c.allowed, c.adjust);
       for (size_t n = 0; n < ours.size(); ++n) {
-        ASSERT_NEAR(ours[n], expected[n], 1e-6) << name << " Lq=" << lq << " Lk=" << lk;
+        ASSERT_NEAR(ours[n], expected[n], 1e-6) << c.name << " Lq=" << lq << " Lk=" << lk;
       }
     }
   }
+}
+
+TEST(Reference, MatchesIndependentOracleWithModifiers) {
+  const Tensors t(1, 2, 1, 6, 8, 4, 3, 99);
+  ScoreMods mods;
+  mods.softcap = 0.7;
+  mods.alibi_slopes = {0.25f, 0.5f};
+  mods.bias = Array<float>({6, 8}, test::random_values(48, 5));
+  mods.sinks = {0.3f, 0.3f};
+  const std::vector<float> ours = run(t, Mask().causal(), mods);
+  const std::vector<double> expected = naive(
+      t, [](int64_t, int64_t, int64_t i, int64_t j) { return j <= i + 2; },
+      [&](int64_t, int64_t h, int64_t i, int64_t j, double s) {
+        const double capped = 0.7 * std::tanh(s / 0.7);
+        const double alibi = -double{mods.alibi_slopes[h]} * std::fabs(double(i + 2 - j));
+        return capped + alibi + double{mods.bias->values()[i * 8 + j]};
+      },
+      0.3);
+  for (size_t n = 0; n < ours.size(); ++n) ASSERT_NEAR(ours[n], expected[n], 1e-6) << n;
 }
 
 TEST(FullyHiddenRows, AreZeroWithMinusInfLseInEveryDtype) {
@@ -290,7 +395,8 @@ TEST(Dtypes, HalfPrecisionOutputsAreTheOnceRoundedF64Result) {
     attention(TensorView(q.data(), dtype, {1, 2, 6, 8}), TensorView(k.data(), dtype, {1, 1, 6, 8}),
               TensorView(v.data(), dtype, {1, 1, 6, 8}),
               MutableTensorView(out.data(), dtype, {1, 2, 6, 8}), Mask().causal());
-    const std::vector<double> expected = naive(rounded, Mask().causal());
+    const std::vector<double> expected =
+        naive(rounded, [](int64_t, int64_t, int64_t i, int64_t j) { return j <= i; });
     for (size_t n = 0; n < out.size(); ++n) {
       const uint16_t once = dtype == DType::f16 ? float16_from_double(expected[n]).bits
                                                 : bfloat16_from_double(expected[n]).bits;
@@ -382,6 +488,17 @@ TEST(NonFinite, NanPropagatesToItsRowOnly) {
   EXPECT_TRUE(std::isfinite(out[0]));
   EXPECT_TRUE(std::isnan(out[2]));
   EXPECT_TRUE(std::isfinite(out[4]));
+}
+
+TEST(NonFinite, HiddenPairsKeepWeightZeroInANanRow) {
+  Tensors t(1, 1, 1, 2, 2, 2, 2, 13);
+  t.q[0] = NAN;  // query row 0, which sees key 0 only
+  std::vector<float> weights(4);
+  attention_weights(t.qv(), t.kv(), MutableTensorView(weights.data(), {1, 1, 2, 2}),
+                    Mask().causal());
+  EXPECT_TRUE(std::isnan(weights[0]));
+  EXPECT_EQ(weights[1], 0.0f);
+  EXPECT_TRUE(std::isfinite(weights[2]));
 }
 
 TEST(NonFinite, CheckFiniteNamesTheFirstBadElement) {

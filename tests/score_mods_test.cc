@@ -111,6 +111,20 @@ TEST(ScoreFunction, SeesTheModifiedScoreAndIndices) {
   EXPECT_EQ(run_row({9, 1}, Mask(), hide).weights[0], 0.0f);
 }
 
+TEST(ScoreFunction, RunsAfterSoftcapAndBiasAndBeforeThreshold) {
+  // score_fn records what it sees: softcap(2)=tanh(2) plus bias 0.5 for key 0.
+  ScoreMods mods;
+  mods.softcap = 1.0;
+  mods.bias = Array<float>({2}, {0.5f, 0.0f});
+  mods.score_fn = [](double s, int64_t, int64_t, int64_t, int64_t j) {
+    EXPECT_NEAR(s, j == 0 ? std::tanh(2.0) + 0.5 : 0.0, 1e-12) << "key " << j;
+    return j == 0 ? s : s - 10.0;  // key 1 drops below the threshold only because of score_fn
+  };
+  mods.threshold = -5.0;
+  const Row row = run_row({2.0f, 0.0f}, Mask(), mods);
+  EXPECT_EQ(row.weights, (std::vector<float>{1, 0}));
+}
+
 TEST(Threshold, HidesPairsBelowTau) {
   ScoreMods mods;
   mods.threshold = 0.75;
@@ -164,10 +178,20 @@ TEST(Order, SoftcapComesBeforeBias) {
 
 TEST(Order, ThresholdSeesBiasAndAlibi) {
   ScoreMods mods;
-  mods.bias = Array<float>({2}, {1.0f, 0.0f});
-  mods.threshold = 1.0;
-  const Row row = run_row({0.5f, 0.9f}, Mask(), mods);  // 1.5 passes, 0.9 does not
-  EXPECT_EQ(row.weights, (std::vector<float>{1, 0}));
+  mods.bias = Array<float>({3}, {1.0f, 0.0f, 0.0f});
+  mods.alibi_slopes = {0.5f};  // one query at position 2: ALiBi adds −1, −0.5, 0
+  mods.threshold = 0.5;
+  // Final scores 0.5 + 1 − 1 = 0.5 (kept: equal), 0.75 − 0.5 = 0.25 (hidden), 1.0 (kept).
+  const Row row = run_row({0.5f, 0.75f, 1.0f}, Mask(), mods);
+  EXPECT_GT(row.weights[0], 0.0f);
+  EXPECT_EQ(row.weights[1], 0.0f);
+  EXPECT_GT(row.weights[2], 0.0f);
+  ScoreMods no_alibi = mods;
+  no_alibi.alibi_slopes.clear();  // 1.5, 0.75, 1.0: all pass
+  EXPECT_GT(run_row({0.5f, 0.75f, 1.0f}, Mask(), no_alibi).weights[1], 0.0f);
+  ScoreMods no_bias = mods;
+  no_bias.bias.reset();  // −0.5, 0.25, 1.0: only key 2 passes
+  EXPECT_EQ(run_row({0.5f, 0.75f, 1.0f}, Mask(), no_bias).weights, (std::vector<float>{0, 0, 1}));
 }
 
 TEST(Order, ScaleComesFirst) {

@@ -28,8 +28,10 @@ struct Options {
   std::optional<double> scale;  // default 1/√D
   bool check_finite = false;    // raise an Error naming the first NaN/Inf in Q, K or V
   Kernel kernel = Kernel::automatic;
-  int threads = 0;  // 0 = OpenMP's default (all cores)
+  int threads = 0;  // 0 = OpenMP's default (all cores); at most kMaxThreads
 };
+
+inline constexpr int kMaxThreads = 1024;
 
 // O = softmax(S)·V with S = scale·Q·Kᵀ (+ modifiers) and the mask's hidden pairs removed.
 // `lse` is optional (a null view skips it). Throws maskattn::Error on invalid input, before
@@ -62,5 +64,7 @@ struct MaskShape {
   int64_t k_len = 0;
 };
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape);
+// One sequence and query head of it: [Lq, Lk]. Costs Lq·Lk, whatever B and Hq are.
+Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape, int64_t batch, int64_t head);
 
 }  // namespace maskattn

@@ -5,7 +5,8 @@
 //   bottom-right (default): qpos = i + (Lk − Lq) − key_start[b]
 //                           (with query AND key lengths: i + key_len[b] − query_len[b] −
 //                           key_start[b])
-//   top-left:               qpos = i − query_start[b]   (query starts, else key starts, else 0)
+//   top-left:               qpos = i − query_start[b]   (query starts; else key starts when
+//                                                         Lq == Lk; else 0)
 // so a KV-cache step (Lq new queries after Lk − Lq cached keys) lines up without an offset
 // argument.
 #pragma once
@@ -15,6 +16,7 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -28,7 +30,7 @@ inline constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
 enum class Alignment : uint8_t { bottom_right, top_left };
 
 // The query heads a component applies to (heads outside the set are not restricted by it).
-// Default: every head.
+// Default: every head. Stored as sorted, merged ranges, so HeadSet::range(0, 1 << 40) is cheap.
 class HeadSet {
  public:
   HeadSet() = default;
@@ -37,12 +39,12 @@ class HeadSet {
 
   bool is_all() const { return all_; }
   bool contains(int64_t head) const;
-  const std::vector<int64_t>& heads() const { return heads_; }
-  std::string to_string() const;  // "" for all heads, else "@heads=0,1,2"
+  int64_t max_head() const;       // the largest head in the set; −1 for "every head"
+  std::string to_string() const;  // "" for all heads, else "@heads=0,2-4"
 
  private:
   bool all_ = true;
-  std::vector<int64_t> heads_;  // sorted, unique, ≥ 0
+  std::vector<std::pair<int64_t, int64_t>> ranges_;  // [first, end), sorted, disjoint, merged
 };
 
 enum class Side : uint8_t { query, key };

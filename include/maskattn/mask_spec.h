@@ -15,10 +15,16 @@
 
 namespace maskattn {
 
+struct SpecOptions {
+  // The inputs are [B, L, D] (one head): a 3-D keep/blocked/additive/bias file is then [B, Lq, Lk]
+  // and gets a head axis ([B, 1, Lq, Lk]) instead of NumPy's alignment of its first axis with Hq.
+  bool one_head_layout = false;
+};
+
 // Parses one SPEC and adds the component to `mask` (labelled with `label`) or the modifier to
 // `mods`. Errors start with `label`; by default "mask spec '<spec>'".
 void apply_mask_spec(const std::string& spec, Mask& mask, ScoreMods& mods,
-                     const std::string& label = "");
+                     const std::string& label = "", const SpecOptions& options = {});
 
 // One line per SPEC form with its meaning, for --help texts.
 const char* mask_spec_help();

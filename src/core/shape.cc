@@ -16,16 +16,23 @@ std::string shape_string(const Dims& dims) {
 }
 
 int64_t checked_numel(const Dims& dims, const std::string& what) {
-  int64_t product = 1;
+  // The product of the non-zero sizes must fit too: strides and offsets are computed from it even
+  // when a zero size makes the array empty.
+  int64_t nonzero_product = 1;
+  bool empty = false;
   for (int64_t size : dims) {
     if (size < 0) throw Error(what + " shape " + shape_string(dims) + " has a negative size");
-    if (size != 0 && product > std::numeric_limits<int64_t>::max() / size) {
+    if (size == 0) {
+      empty = true;
+      continue;
+    }
+    if (nonzero_product > std::numeric_limits<int64_t>::max() / size) {
       throw Error(what + " shape " + shape_string(dims) +
                   " has more elements than int64 can count");
     }
-    product *= size;
+    nonzero_product *= size;
   }
-  return product;
+  return empty ? 0 : nonzero_product;
 }
 
 }  // namespace maskattn

@@ -6,7 +6,10 @@ namespace maskattn {
 
 namespace {
 
+// Checks the shape first: with the product of the non-zero sizes inside int64 (checked_numel),
+// no stride can overflow.
 Dims row_major_strides(const Dims& sizes) {
+  checked_numel(sizes, "tensor view");
   Dims strides(sizes.size(), 1);
   for (int axis = static_cast<int>(sizes.size()) - 2; axis >= 0; --axis) {
     strides[axis] = strides[axis + 1] * sizes[axis + 1];

@@ -27,8 +27,9 @@ std::vector<std::string> split_colons(const std::string& text) {
 
 class SpecParser {
  public:
-  SpecParser(const std::string& spec, Mask& mask, ScoreMods& mods, std::string label)
-      : spec_(spec), mask_(mask), mods_(mods), label_(std::move(label)) {
+  SpecParser(const std::string& spec, Mask& mask, ScoreMods& mods, std::string label,
+             const SpecOptions& options)
+      : spec_(spec), mask_(mask), mods_(mods), label_(std::move(label)), options_(options) {
     const size_t colon = spec.find(':');
     kind_ = spec.substr(0, colon);
     if (colon != std::string::npos) argument_ = spec.substr(colon + 1);
@@ -180,13 +181,14 @@ class SpecParser {
 
   void per_head_modifier(std::vector<float>& target, const char* name) {
     if (!target.empty()) fail(std::string(name) + " given twice");
-    const Array<float> values = float_file(one());
-    if (values.rank() != 1) {
-      fail(std::string(name) + " file has shape " + shape_string(values.shape()) +
+    const std::string path = one();
+    const NpyArray array = load(path);
+    if (array.rank() != 1) {
+      fail(std::string(name) + " file has shape " + shape_string(array.shape()) +
            "; expected [Hq]");
     }
-    if (values.numel() == 0) fail(std::string(name) + " file is empty; expected [Hq] values");
-    target = values.values();
+    if (array.numel() == 0) fail(std::string(name) + " file is empty; expected [Hq] values");
+    target = array.to_float32(path);
   }
 
   void scalar_modifier(std::optional<double>& target, const char* name) {
@@ -228,18 +230,25 @@ class SpecParser {
       }
       flags[n] = static_cast<uint8_t>(values[n]);
     }
-    return Array<uint8_t>(array.shape(), std::move(flags));
+    return Array<uint8_t>(dense_shape(array.shape()), std::move(flags));
   }
 
   Array<float> float_file(const std::string& path) const {
     const NpyArray array = load(path);
-    return Array<float>(array.shape(), array.to_float32(path));
+    return Array<float>(dense_shape(array.shape()), array.to_float32(path));
+  }
+
+  // With one-head inputs a 3-D dense file is [B, Lq, Lk]: insert the head axis.
+  Dims dense_shape(Dims shape) const {
+    if (options_.one_head_layout && shape.size() == 3) shape.insert(shape.begin() + 1, 1);
+    return shape;
   }
 
   const std::string& spec_;
   Mask& mask_;
   ScoreMods& mods_;
   std::string label_;
+  SpecOptions options_;
   std::string kind_, argument_;
   bool has_argument_ = false;
   bool added_component_ = false;
@@ -247,9 +256,9 @@ class SpecParser {
 
 }  // namespace
 
-void apply_mask_spec(const std::string& spec, Mask& mask, ScoreMods& mods,
-                     const std::string& label) {
-  SpecParser(spec, mask, mods, label.empty() ? "mask spec '" + spec + "'" : label).apply();
+void apply_mask_spec(const std::string& spec, Mask& mask, ScoreMods& mods, const std::string& label,
+                     const SpecOptions& options) {
+  SpecParser(spec, mask, mods, label.empty() ? "mask spec '" + spec + "'" : label, options).apply();
 }
 
 const char* mask_spec_help() {

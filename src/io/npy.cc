@@ -9,6 +9,7 @@
 #include <array>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -548,6 +549,18 @@ bool NpyArray::is_float() const {
   return type_ == NpyType::f2 || type_ == NpyType::f4 || type_ == NpyType::f8;
 }
 
+namespace {
+
+// "%.17g" trimmed by "%g" when that round-trips: 1e+300, -1.7976931348623157e+308.
+std::string shortest_double(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  if (std::strtod(text, nullptr) != value) std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
+}
+
+}  // namespace
+
 // The conversions size their output from bytes_, not from the shape, so even a default-constructed
 // array (shape [], no bytes) cannot make them read past the data.
 
@@ -561,8 +574,18 @@ std::vector<float> NpyArray::to_float32(const std::string& what) const {
     case NpyType::f4:
       return load_all<float>(bytes_);
     case NpyType::f8: {
+      // A finite value beyond the float32 range would silently become ±inf (and −inf hides a
+      // pair in an additive mask), so it is refused rather than rounded.
       std::vector<float> out;
-      for (double value : load_all<double>(bytes_)) out.push_back(float_from_double(value));
+      const std::vector<double> values = load_all<double>(bytes_);
+      for (size_t i = 0; i < values.size(); ++i) {
+        const float value = float_from_double(values[i]);
+        if (std::isinf(value) && std::isfinite(values[i])) {
+          throw Error(what + " value " + shortest_double(values[i]) + " at flat index " +
+                      std::to_string(i) + " is outside the float32 range (±3.4e38)");
+        }
+        out.push_back(value);
+      }
       return out;
     }
     default:

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <exception>
@@ -65,7 +66,9 @@ struct RowScratch {
 template <typename RowFn>
 void for_each_row(const Problem& p, RowFn&& fn) {
   const int64_t rows = p.batch * p.q_heads * p.q_len;
-  const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
+  if (rows == 0) return;
+  const int requested = p.threads > 0 ? p.threads : omp_get_max_threads();
+  const int threads = static_cast<int>(std::min<int64_t>(requested, rows));
   std::exception_ptr failure;
   std::atomic<bool> failed{false};
   const auto record = [&] {
@@ -135,7 +138,8 @@ void row_scores(const Problem& p, int64_t b, int64_t h, int64_t i, ScoreStage st
 
 // weights = softmax(scores) with the sink logit (if any) in the denominator; returns the LSE.
 // A row whose every score is −inf (and no sink) gets weights 0 and LSE −inf: the fully-hidden
-// rule, never (−inf) − (−inf) = NaN. A NaN score makes the whole row NaN (IEEE propagation).
+// rule, never (−inf) − (−inf) = NaN. A NaN score makes the row's allowed weights, its output and
+// its LSE NaN (IEEE propagation); hidden pairs keep weight 0.
 double row_softmax(const Problem& p, int64_t h, RowScratch& scratch) {
   const double sink = p.mods->sinks != nullptr ? p.mods->sinks[h] : kNegInf;
   double row_max = sink;
@@ -144,8 +148,10 @@ double row_softmax(const Problem& p, int64_t h, RowScratch& scratch) {
     has_nan |= std::isnan(scratch.scores[j]);
     if (scratch.scores[j] > row_max) row_max = scratch.scores[j];
   }
-  if (has_nan) {
-    for (int64_t j = 0; j < p.k_len; ++j) scratch.weights[j] = NAN;
+  if (has_nan) {  // hidden pairs keep weight 0 even here
+    for (int64_t j = 0; j < p.k_len; ++j) {
+      scratch.weights[j] = scratch.scores[j] == kNegInf ? 0.0 : NAN;
+    }
     return NAN;
   }
   if (row_max == kNegInf) {
@@ -164,6 +170,7 @@ double row_softmax(const Problem& p, int64_t h, RowScratch& scratch) {
 }  // namespace
 
 void forward(const Problem& p, const MutableTensorView& out, const MutableTensorView& lse) {
+  if (out.numel() == 0 && lse.is_null()) return;  // e.g. Dv = 0: nothing to write
   for_each_row(p, [&](int64_t b, int64_t h, int64_t i, RowScratch& scratch) {
     row_scores(p, b, h, i, ScoreStage::final, scratch);
     const double row_lse = row_softmax(p, h, scratch);

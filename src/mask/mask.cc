@@ -9,13 +9,20 @@
 
 namespace maskattn {
 
-HeadSet::HeadSet(std::initializer_list<int64_t> heads) : all_(false), heads_(heads) {
-  for (int64_t head : heads_) {
-    if (head < 0) throw Error("head set {" + to_string() + "} contains a negative head index");
+HeadSet::HeadSet(std::initializer_list<int64_t> heads) : all_(false) {
+  std::vector<int64_t> sorted(heads);
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted.empty()) throw Error("head set is empty: a component must apply to some head");
+  if (sorted.front() < 0) {
+    throw Error("head set contains a negative head index (" + std::to_string(sorted.front()) + ")");
   }
-  std::sort(heads_.begin(), heads_.end());
-  heads_.erase(std::unique(heads_.begin(), heads_.end()), heads_.end());
-  if (heads_.empty()) throw Error("head set is empty: a component must apply to some head");
+  for (int64_t head : sorted) {
+    if (!ranges_.empty() && head <= ranges_.back().second) {
+      ranges_.back().second = std::max(ranges_.back().second, head + 1);
+    } else {
+      ranges_.emplace_back(head, head + 1);
+    }
+  }
 }
 
 HeadSet HeadSet::range(int64_t first, int64_t end) {
@@ -25,20 +32,35 @@ HeadSet HeadSet::range(int64_t first, int64_t end) {
   }
   HeadSet set;
   set.all_ = false;
-  for (int64_t head = first; head < end; ++head) set.heads_.push_back(head);
+  set.ranges_.emplace_back(first, end);
   return set;
 }
 
 bool HeadSet::contains(int64_t head) const {
-  return all_ || std::binary_search(heads_.begin(), heads_.end(), head);
+  if (all_) return true;
+  for (const auto& [first, end] : ranges_) {
+    if (head < first) return false;
+    if (head < end) return true;
+  }
+  return false;
+}
+
+int64_t HeadSet::max_head() const {
+  return all_ ? -1 : ranges_.back().second - 1;
 }
 
 std::string HeadSet::to_string() const {
   if (all_) return "";
   std::string text = "@heads=";
-  for (size_t n = 0; n < heads_.size(); ++n) {
-    if (n > 0) text += ",";
-    text += std::to_string(heads_[n]);
+  for (size_t n = 0; n < ranges_.size(); ++n) {
+    const auto [first, end] = ranges_[n];
+    if (n > 0) text += ',';
+    text += std::to_string(first);
+    if (end - first >= 2) {
+      // Two heads are listed, longer runs are written as a range.
+      text += end - first == 2 ? ',' : '-';
+      text += std::to_string(end - 1);
+    }
   }
   return text;
 }

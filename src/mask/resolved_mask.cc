@@ -21,11 +21,9 @@ const char* side_name(Side side) {
 }
 
 void check_heads(const HeadSet& heads, const MaskShape& shape, const std::string& label) {
-  for (int64_t head : heads.heads()) {
-    if (head >= shape.q_heads) {
-      throw Error(label + " applies to head " + std::to_string(head) +
-                  " but the query has Hq=" + std::to_string(shape.q_heads) + " heads");
-    }
+  if (heads.max_head() >= shape.q_heads) {
+    throw Error(label + " applies to head " + std::to_string(heads.max_head()) +
+                " but the query has Hq=" + std::to_string(shape.q_heads) + " heads");
   }
 }
 
@@ -143,7 +141,10 @@ ResolvedMask::ResolvedMask(const Mask& mask, const MaskShape& shape) : shape_(sh
       const int64_t query_end = ragged ? lengths[0]->values.values()[b] : shape.q_len;
       q_shift_[b] = key_end - query_end - key_start;
     } else {
-      const int64_t query_start = starts[0] ? starts[0]->values.values()[b] : key_start;
+      // Self-attention (Lq == Lk): the queries are the keys' tokens, so they share the key
+      // starts. Otherwise unpadded queries start at position 0.
+      const int64_t default_start = shape.q_len == shape.k_len ? key_start : 0;
+      const int64_t query_start = starts[0] ? starts[0]->values.values()[b] : default_start;
       q_shift_[b] = -query_start;
     }
   }

@@ -47,6 +47,11 @@ Dims output_file_shape(const InputTensor& q, const Dims& out) {
 }  // namespace
 
 int run_attend(const AttendArgs& args) {
+  std::vector<std::pair<std::string, std::string>> outputs = {{"--out", args.out}};
+  if (!args.lse.empty()) outputs.emplace_back("--lse", args.lse);
+  if (!args.weights.empty()) outputs.emplace_back("--weights", args.weights);
+  require_distinct_outputs(outputs);
+
   const InputTensor q = load_input("--q", args.q);
   const InputTensor k = load_input("--k", args.k);
   const InputTensor v = load_input("--v", args.v);
@@ -61,7 +66,11 @@ int run_attend(const AttendArgs& args) {
 
   Mask mask;
   ScoreMods mods;
-  for (const std::string& spec : args.masks) apply_mask_spec(spec, mask, mods, "--mask " + spec);
+  SpecOptions spec_options;
+  spec_options.one_head_layout = q.file_rank == 3;
+  for (const std::string& spec : args.masks) {
+    apply_mask_spec(spec, mask, mods, "--mask " + spec, spec_options);
+  }
 
   Options options;
   options.scale = args.scale;
@@ -77,8 +86,16 @@ int run_attend(const AttendArgs& args) {
   std::optional<TensorBuffer> lse;
   if (!args.lse.empty()) lse.emplace(DType::f32, Dims{q.shape[0], q.shape[1], q.shape[2]});
 
-  attention(q_buffer.view(), k_buffer.view(), v_buffer.view(), out.mutable_view(), mask, mods,
-            options, lse ? lse->mutable_view() : MutableTensorView());
+  // Library errors speak of the [B,H,L,D] views; add the files they came from.
+  const std::string input_files = " (" + q.flag + " " + shape_string(q.file_shape) + ", " + k.flag +
+                                  " " + shape_string(k.file_shape) + ", " + v.flag + " " +
+                                  shape_string(v.file_shape) + ")";
+  try {
+    attention(q_buffer.view(), k_buffer.view(), v_buffer.view(), out.mutable_view(), mask, mods,
+              options, lse ? lse->mutable_view() : MutableTensorView());
+  } catch (const Error& error) {
+    throw Error(error.what() + input_files);
+  }
 
   OutputFiles files;
   // Output keeps the input file's dtype; bf16 has no .npy dtype, so a bf16 run writes f32.
@@ -87,16 +104,17 @@ int run_attend(const AttendArgs& args) {
   if (q.file_type == NpyType::f2 && dtype != DType::bf16) {
     std::vector<float16> halves(out_values.size());
     for (size_t n = 0; n < halves.size(); ++n) halves[n] = float16_from_float(out_values[n]);
-    files.add(args.out, NpyArray::from_float16(halves, out_file_shape));
+    files.add("--out", args.out, NpyArray::from_float16(halves, out_file_shape));
   } else {
-    files.add(args.out, NpyArray::from_floats(out_values, out_file_shape));
+    files.add("--out", args.out, NpyArray::from_floats(out_values, out_file_shape));
   }
-  if (lse) files.add(args.lse, NpyArray::from_floats(lse->to_floats(), lse->shape()));
+  if (lse) files.add("--lse", args.lse, NpyArray::from_floats(lse->to_floats(), lse->shape()));
   if (!args.weights.empty()) {
     TensorBuffer weights(DType::f32, {q.shape[0], q.shape[1], q.shape[2], k.shape[2]});
     attention_weights(q_buffer.view(), k_buffer.view(), weights.mutable_view(), mask, mods,
                       options);
-    files.add(args.weights, NpyArray::from_floats(weights.to_floats(), weights.shape()));
+    files.add("--weights", args.weights,
+              NpyArray::from_floats(weights.to_floats(), weights.shape()));
   }
   files.commit();
   return 0;

@@ -77,12 +77,10 @@ std::vector<std::string> padded_tokens(const Batch& batch, int64_t b) {
 
 void show_grid(const std::string& title, const Mask& mask, const Batch& batch, int64_t b) {
   const int64_t batch_size = static_cast<int64_t>(batch.tokens.size());
-  const Array<uint8_t> allowed = allowed_pairs(mask, {batch_size, 1, batch.length, batch.length});
-  const int64_t plane = batch.length * batch.length;
-  const std::vector<uint8_t> slice(allowed.values().begin() + b * plane,
-                                   allowed.values().begin() + (b + 1) * plane);
+  const Array<uint8_t> slice =
+      allowed_pairs(mask, {batch_size, 1, batch.length, batch.length}, b, 0);
   fmt::print("{}\n", title);
-  print_grid(slice, batch.length, batch.length, padded_tokens(batch, b));
+  print_grid(slice.values(), batch.length, batch.length, padded_tokens(batch, b));
   fmt::print("\n");
 }
 

@@ -47,7 +47,7 @@ Extent implied_extent(const Mask& mask, const ScoreMods& mods) {
             dense(c.values.shape());
           }
           if constexpr (requires { c.heads; }) {
-            if (!c.heads.is_all()) widen_to(extent.heads, c.heads.heads().back() + 1);
+            widen_to(extent.heads, c.heads.max_head() + 1);
           }
         },
         part);
@@ -83,13 +83,7 @@ int run_mask(const MaskArgs& args) {
   }
   const MaskShape shape = {std::max(extent.batch, args.batch + 1),
                            std::max(extent.heads, args.head + 1), args.q_len, args.k_len};
-  const Array<uint8_t> allowed = allowed_pairs(mask, shape);
-
-  // The requested (batch, head) slice.
-  const int64_t plane = args.q_len * args.k_len;
-  const int64_t first = (args.batch * shape.q_heads + args.head) * plane;
-  const std::vector<uint8_t> slice(allowed.values().begin() + first,
-                                   allowed.values().begin() + first + plane);
+  const Array<uint8_t> slice = allowed_pairs(mask, shape, args.batch, args.head);
   fmt::print("mask: {}\n", mask.describe());
   fmt::print("batch {} of B={}, head {} of Hq={}; Lq={}, Lk={}, {} aligned\n", args.batch,
              shape.batch, args.head, shape.q_heads, args.q_len, args.k_len,
@@ -102,7 +96,7 @@ int run_mask(const MaskArgs& args) {
   fmt::print(
       "█ allowed   · hidden   rows: queries i, columns: keys j, right: allowed keys per "
       "row\n\n");
-  print_grid(slice, args.q_len, args.k_len);
+  print_grid(slice.values(), args.q_len, args.k_len);
   return 0;
 }
 

@@ -1,9 +1,12 @@
 #include "npy_tensors.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "maskattn/error.h"
 
@@ -83,34 +86,66 @@ InputTensor load_input(const std::string& flag, const std::string& path) {
   }
   input.file_type = array.type();
   input.file_rank = array.rank();
+  input.file_shape = s;
   input.values = array.to_float32(input.flag);
   return input;
 }
 
-void OutputFiles::add(const std::string& path, NpyArray array) {
-  pending_.emplace_back(path, std::move(array));
+void require_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
+  std::vector<std::filesystem::path> seen;
+  for (const auto& [flag, path] : outputs) {
+    std::error_code ignored;
+    seen.push_back(std::filesystem::weakly_canonical(path, ignored));
+    if (seen.back().empty()) seen.back() = std::filesystem::absolute(path, ignored);
+    for (size_t n = 0; n + 1 < seen.size(); ++n) {
+      if (seen[n] == seen.back()) {
+        throw Error(outputs[n].first + " and " + flag + " name the same file '" + path + "'");
+      }
+    }
+  }
+}
+
+void OutputFiles::add(const std::string& flag, const std::string& path, NpyArray array) {
+  pending_.push_back({flag, path, std::move(array)});
 }
 
 void OutputFiles::commit() {
+  std::vector<std::pair<std::string, std::string>> outputs;
+  for (const Pending& output : pending_) outputs.emplace_back(output.flag, output.path);
+  require_distinct_outputs(outputs);
+
   std::vector<std::string> temporaries;
   const auto remove_temporaries = [&] {
     for (const std::string& temporary : temporaries) std::remove(temporary.c_str());
   };
-  for (const auto& [path, array] : pending_) {
-    const std::string temporary = path + ".tmp-" + std::to_string(::getpid());
+  for (const Pending& output : pending_) {
+    // A unique name in the destination's directory, so that the final rename is atomic.
+    std::string temporary = output.path + ".tmp-XXXXXX";
+    const int fd = ::mkstemp(temporary.data());
+    if (fd < 0) {
+      const std::string reason = std::strerror(errno);
+      remove_temporaries();
+      throw Error("cannot write '" + output.path + "': " + reason);
+    }
+    // mkstemp creates the file 0600; give the output the permissions a plain create would.
+    const mode_t creation_mask = ::umask(0);
+    ::umask(creation_mask);
+    ::fchmod(fd, 0666 & ~creation_mask);
+    ::close(fd);
     temporaries.push_back(temporary);
     try {
-      write_npy(temporary, array);
+      write_npy(temporary, output.array);
     } catch (const Error& error) {
       remove_temporaries();
-      throw Error("cannot write '" + path + "': " + error.what());
+      throw Error("cannot write '" + output.path + "': " + error.what());
     }
   }
   for (size_t n = 0; n < pending_.size(); ++n) {
-    if (std::rename(temporaries[n].c_str(), pending_[n].first.c_str()) != 0) {
+    if (std::rename(temporaries[n].c_str(), pending_[n].path.c_str()) != 0) {
       const std::string reason = std::strerror(errno);
+      for (size_t m = 0; m < n; ++m) std::remove(pending_[m].path.c_str());
       remove_temporaries();
-      throw Error("cannot write '" + pending_[n].first + "': " + reason);
+      throw Error("cannot write '" + pending_[n].path + "': " + reason);
     }
   }
 }

@@ -36,7 +36,8 @@ struct InputTensor {
   std::string flag;  // "--q q.npy", for messages
   NpyType file_type = NpyType::f4;
   int file_rank = 4;
-  Dims shape;  // as [B, H, L, D]
+  Dims file_shape;  // as in the file
+  Dims shape;       // as [B, H, L, D]
   std::vector<float> values;
 };
 InputTensor load_input(const std::string& flag, const std::string& path);
@@ -45,11 +46,19 @@ InputTensor load_input(const std::string& flag, const std::string& path);
 // failure leaves no output behind.
 class OutputFiles {
  public:
-  void add(const std::string& path, NpyArray array);
+  // `flag` names the option in messages; two flags naming the same file are an error.
+  void add(const std::string& flag, const std::string& path, NpyArray array);
   void commit();  // throws Error naming the path that failed; removes the temporaries it wrote
 
  private:
-  std::vector<std::pair<std::string, NpyArray>> pending_;
+  struct Pending {
+    std::string flag, path;
+    NpyArray array;
+  };
+  std::vector<Pending> pending_;
 };
+
+// Throws if two of the (flag, path) outputs are the same file.
+void require_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
 
 }  // namespace maskattn::cli
