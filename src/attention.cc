@@ -11,6 +11,7 @@
 
 #include "kernels/problem.h"
 #include "kernels/reference.h"
+#include "mask/block_map.h"
 #include "mask/resolved_mask.h"
 #include "mask/resolved_mods.h"
 #include "maskattn/error.h"
@@ -320,6 +321,28 @@ Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape) {
     }
   }
   return Array<uint8_t>(dims, std::move(values));
+}
+
+Array<uint8_t> block_map(const Mask& mask, const MaskShape& shape, int64_t tile_q, int64_t tile_k) {
+  if (tile_q < 1 || tile_k < 1) {
+    throw Error("block_map: tile sizes " + std::to_string(tile_q) + "x" + std::to_string(tile_k) +
+                " must be ≥ 1");
+  }
+  const ResolvedMask resolved(mask, shape);
+  const detail::BlockMap map(resolved, tile_q, tile_k);
+  const Dims dims = {shape.batch, shape.q_heads, map.q_tiles(), map.k_tiles()};
+  std::vector<uint8_t> kinds(static_cast<size_t>(checked_numel(dims, "block_map")));
+  size_t n = 0;
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    for (int64_t h = 0; h < shape.q_heads; ++h) {
+      for (int64_t qt = 0; qt < map.q_tiles(); ++qt) {
+        for (int64_t kt = 0; kt < map.k_tiles(); ++kt) {
+          kinds[n++] = static_cast<uint8_t>(map.kind(b, h, qt, kt));
+        }
+      }
+    }
+  }
+  return Array<uint8_t>(dims, std::move(kinds));
 }
 
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape, int64_t batch,

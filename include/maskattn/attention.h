@@ -64,6 +64,11 @@ struct MaskShape {
   int64_t k_len = 0;
 };
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape);
+// The block map kernels use (DESIGN.md §4): [B, Hq, ⌈Lq/tile_q⌉, ⌈Lk/tile_k⌉] with 0 = empty
+// (skipped), 1 = full (no mask work), 2 = partial (element mask). The fused kernel uses 64 × 64.
+Array<uint8_t> block_map(const Mask& mask, const MaskShape& shape, int64_t tile_q = 64,
+                         int64_t tile_k = 64);
+
 // One sequence and query head of it: [Lq, Lk]. Costs Lq·Lk, whatever B and Hq are.
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape, int64_t batch, int64_t head);
 

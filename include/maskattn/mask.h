@@ -15,6 +15,7 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <variant>
@@ -23,6 +24,11 @@
 #include "maskattn/array.h"
 
 namespace maskattn {
+
+namespace detail {
+class ScanCache;
+std::shared_ptr<ScanCache> make_scan_cache();
+}  // namespace detail
 
 // An unbounded side of a window: window(kUnbounded, 0) is causal.
 inline constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
@@ -190,6 +196,11 @@ class Mask {
 
   std::string describe() const;  // "causal & key_lengths[3]"; "none" for an empty mask
 
+  // Tile classifications of dense and predicate components, computed by one scan the first time
+  // a problem size needs them and reused by later calls (and by copies of this mask). Adding a
+  // component starts a new cache.
+  detail::ScanCache& scan_cache() const { return *scan_cache_; }
+
  private:
   Mask& add(Component component, std::string label);
   Mask& add_padding(Side side, component::Padding::Form form, Array<int64_t> values, int64_t pad_id,
@@ -197,6 +208,7 @@ class Mask {
 
   std::vector<Component> components_;
   std::vector<std::string> labels_;
+  std::shared_ptr<detail::ScanCache> scan_cache_ = detail::make_scan_cache();
   Alignment alignment_ = Alignment::bottom_right;
   bool alignment_is_set_ = false;  // set explicitly (conflicts are errors), not by default
 };

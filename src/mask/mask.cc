@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "mask/scan_cache.h"
 #include "maskattn/error.h"
 
 namespace maskattn {
@@ -101,6 +102,7 @@ void require_dense(const Array<T>& values, const std::string& what) {
 }  // namespace
 
 Mask& Mask::add(Component component, std::string label) {
+  scan_cache_ = detail::make_scan_cache();  // classifications of the old component list
   components_.push_back(std::move(component));
   labels_.push_back(std::move(label));
   return *this;

@@ -11,11 +11,6 @@ namespace {
 
 using Form = component::Padding::Form;
 
-int64_t floor_div(int64_t a, int64_t b) {
-  const int64_t quotient = a / b;
-  return (a % b != 0 && ((a < 0) != (b < 0))) ? quotient - 1 : quotient;
-}
-
 const char* side_name(Side side) {
   return side == Side::key ? "key" : "query";
 }
@@ -73,7 +68,7 @@ void check_id_pair(const Array<int64_t>& query_ids, const Array<int64_t>& key_id
 
 }  // namespace
 
-ResolvedMask::ResolvedMask(const Mask& mask, const MaskShape& shape) : shape_(shape) {
+ResolvedMask::ResolvedMask(const Mask& mask, const MaskShape& shape) : shape_(shape), mask_(&mask) {
   if (shape.batch < 0 || shape.q_heads < 0 || shape.q_len < 0 || shape.k_len < 0) {
     throw Error("mask shape " + scores_shape_string(shape) + " has a negative size");
   }
@@ -118,12 +113,12 @@ ResolvedMask::ResolvedMask(const Mask& mask, const MaskShape& shape) : shape_(sh
     } else if (const auto* dense = std::get_if<component::DenseBool>(&part)) {
       dense_bool_.push_back({dense->values.data(),
                              dense->polarity == component::DenseBool::Polarity::blocked,
-                             broadcast_to_scores(dense->values.shape(), shape, label)});
+                             broadcast_to_scores(dense->values.shape(), shape, label), n});
     } else if (const auto* additive = std::get_if<component::DenseAdditive>(&part)) {
       additive_.push_back({additive->values.data(), false,
-                           broadcast_to_scores(additive->values.shape(), shape, label)});
+                           broadcast_to_scores(additive->values.shape(), shape, label), n});
     } else if (const auto* predicate = std::get_if<component::Predicate>(&part)) {
-      predicates_.push_back(predicate);
+      predicates_.push_back({predicate, n});
     }
   }
 
@@ -207,6 +202,10 @@ bool ResolvedMask::allowed(int64_t b, int64_t h, int64_t i, int64_t j) const {
       return false;
     }
   }
+  return allowed_elementwise(b, h, i, j);
+}
+
+bool ResolvedMask::allowed_elementwise(int64_t b, int64_t h, int64_t i, int64_t j) const {
   for (const component::Segments* segments : segments_) {
     if (segments->heads.contains(h) && segments->query_ids.at(b, i) != segments->key_ids.at(b, j)) {
       return false;
@@ -220,8 +219,8 @@ bool ResolvedMask::allowed(int64_t b, int64_t h, int64_t i, int64_t j) const {
     const float value = static_cast<const float*>(dense.values)[dense.index.offset(b, h, i, j)];
     if (value == -INFINITY) return false;
   }
-  for (const component::Predicate* predicate : predicates_) {
-    if (!predicate->allows(b, h, i, j)) return false;
+  for (const PredicateRef& ref : predicates_) {
+    if (!ref.predicate->allows(b, h, i, j)) return false;
   }
   return true;
 }

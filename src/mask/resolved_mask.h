@@ -14,6 +14,12 @@
 
 namespace maskattn::detail {
 
+// ⌊a / b⌋ for b > 0, also for negative a (positions before the first key are negative).
+inline int64_t floor_div(int64_t a, int64_t b) {
+  const int64_t quotient = a / b;
+  return (a % b != 0 && a < 0) ? quotient - 1 : quotient;
+}
+
 class ResolvedMask {
  public:
   // Throws Error when a component does not fit the shape (batch size, lengths, heads, broadcast).
@@ -27,16 +33,26 @@ class ResolvedMask {
 
   // Every component allows the pair (additive masks hide where they hold −inf).
   bool allowed(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  // The per-element components alone: segments, dense keep/blocked, additive −inf, predicates.
+  bool allowed_elementwise(int64_t b, int64_t h, int64_t i, int64_t j) const;
 
   // Sum of the additive masks at the pair (0 when there are none).
   double additive(int64_t b, int64_t h, int64_t i, int64_t j) const;
   bool has_additive() const { return !additive_.empty(); }
 
  private:
+  friend class BlockMap;
+  friend class TileMaskBuilder;
+
   struct DenseRef {
     const void* values;  // uint8_t for keep/blocked, float for additive
     bool blocked;
     BroadcastStrides index;
+    size_t component;  // index in the Mask, for the scan cache
+  };
+  struct PredicateRef {
+    const component::Predicate* predicate;
+    size_t component;
   };
 
   bool is_real(const component::Padding& padding, int64_t b, int64_t t) const;
@@ -53,7 +69,8 @@ class ResolvedMask {
   std::vector<const component::Prefix*> prefixes_;
   std::vector<DenseRef> dense_bool_;
   std::vector<DenseRef> additive_;
-  std::vector<const component::Predicate*> predicates_;
+  std::vector<PredicateRef> predicates_;
+  const Mask* mask_;
 };
 
 }  // namespace maskattn::detail

@@ -1,0 +1,233 @@
+#include "mask/block_map.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace maskattn::detail {
+
+namespace {
+
+using Form = component::Padding::Form;
+
+// Folds one component's kind into the block's: empty wins, then partial.
+void fold(TileKind& block, TileKind part) {
+  if (part == TileKind::empty || block == TileKind::empty) {
+    block = TileKind::empty;
+  } else if (part == TileKind::partial) {
+    block = TileKind::partial;
+  }
+}
+
+TileKind from_count(int64_t count, int64_t size) {
+  if (count == 0) return TileKind::empty;
+  return count == size ? TileKind::full : TileKind::partial;
+}
+
+// Two id ranges (segments, chunks): one shared id → every pair matches; disjoint → none does.
+TileKind match_kind(BlockMap::Range q, BlockMap::Range k) {
+  if (q.lo == q.hi && k.lo == k.hi && q.lo == k.lo) return TileKind::full;
+  if (q.hi < k.lo || k.hi < q.lo) return TileKind::empty;
+  return TileKind::partial;
+}
+
+// Min/max id of every tile of every sequence of a [B, L] id array.
+std::vector<BlockMap::Range> tile_ranges(const Array<int64_t>& ids, int64_t tile, int64_t tiles) {
+  const int64_t batch = ids.dim(0), length = ids.dim(1);
+  std::vector<BlockMap::Range> ranges(batch * tiles);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < tiles; ++t) {
+      BlockMap::Range& range = ranges[b * tiles + t];
+      range = {INT64_MAX, INT64_MIN};
+      for (int64_t i = t * tile; i < std::min(length, (t + 1) * tile); ++i) {
+        range.lo = std::min(range.lo, ids.at(b, i));
+        range.hi = std::max(range.hi, ids.at(b, i));
+      }
+    }
+  }
+  return ranges;
+}
+}  // namespace
+
+BlockMap::BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, bool skipping)
+    : mask_(mask),
+      tile_q_(tile_q),
+      tile_k_(tile_k),
+      q_tiles_((mask.shape().q_len + tile_q - 1) / tile_q),
+      k_tiles_((mask.shape().k_len + tile_k - 1) / tile_k),
+      skipping_(skipping) {
+  if (!skipping_) return;
+  const MaskShape& shape = mask.shape();
+  const auto counts_of = [&](const component::Padding* padding, int64_t length) {
+    PaddingCounts counts{padding, {}};
+    if (padding->form == Form::keep || padding->form == Form::token_ids) {
+      counts.prefix.assign(shape.batch * (length + 1), 0);
+      for (int64_t b = 0; b < shape.batch; ++b) {
+        for (int64_t t = 0; t < length; ++t) {
+          const int64_t value = padding->values.at(b, t);
+          const bool real = padding->form == Form::keep ? value != 0 : value != padding->pad_id;
+          counts.prefix[b * (length + 1) + t + 1] = counts.prefix[b * (length + 1) + t] + real;
+        }
+      }
+    }
+    return counts;
+  };
+  for (const component::Padding* padding : mask.query_padding_) {
+    query_counts_.push_back(counts_of(padding, shape.q_len));
+  }
+  for (const component::Padding* padding : mask.key_padding_) {
+    key_counts_.push_back(counts_of(padding, shape.k_len));
+  }
+  for (const component::Segments* segments : mask.segments_) {
+    segment_q_.push_back(tile_ranges(segments->query_ids, tile_q_, q_tiles_));
+    segment_k_.push_back(tile_ranges(segments->key_ids, tile_k_, k_tiles_));
+  }
+
+  // Dense masks and predicates: one scan per problem size, kept in the Mask's cache.
+  ScanCache& cache = mask.mask_->scan_cache();
+  const auto scan = [&](int64_t batch, int64_t heads, auto&& classify_pair) {
+    ScannedKinds kinds;
+    kinds.batch = batch;
+    kinds.heads = heads;
+    kinds.q_tiles = q_tiles_;
+    kinds.k_tiles = k_tiles_;
+    kinds.kinds.resize(batch * heads * q_tiles_ * k_tiles_);
+    size_t n = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t qt = 0; qt < q_tiles_; ++qt) {
+          for (int64_t kt = 0; kt < k_tiles_; ++kt) {
+            bool any_hidden = false, any_allowed = false, any_work = false;
+            for (int64_t i = qt * tile_q_; i < std::min(shape.q_len, (qt + 1) * tile_q_); ++i) {
+              for (int64_t j = kt * tile_k_; j < std::min(shape.k_len, (kt + 1) * tile_k_); ++j) {
+                classify_pair(b, h, i, j, any_hidden, any_allowed, any_work);
+              }
+            }
+            kinds.kinds[n++] = !any_allowed             ? TileKind::empty
+                               : any_hidden || any_work ? TileKind::partial
+                                                        : TileKind::full;
+          }
+        }
+      }
+    }
+    return kinds;
+  };
+  const auto extent = [&](const BroadcastStrides& index, int axis, int64_t size) {
+    return index.stride[axis] == 0 ? int64_t{1} : size;
+  };
+  for (const ResolvedMask::DenseRef& dense : mask.dense_bool_) {
+    scanned_.push_back(cache.get(shape, tile_q_, tile_k_, dense.component, [&] {
+      const auto* values = static_cast<const uint8_t*>(dense.values);
+      return scan(
+          extent(dense.index, 0, shape.batch), extent(dense.index, 1, shape.q_heads),
+          [&](int64_t b, int64_t h, int64_t i, int64_t j, bool& hidden, bool& allowed, bool&) {
+            const bool on = (values[dense.index.offset(b, h, i, j)] != 0) != dense.blocked;
+            (on ? allowed : hidden) = true;
+          });
+    }));
+  }
+  for (const ResolvedMask::DenseRef& dense : mask.additive_) {
+    scanned_.push_back(cache.get(shape, tile_q_, tile_k_, dense.component, [&] {
+      const auto* values = static_cast<const float*>(dense.values);
+      return scan(
+          extent(dense.index, 0, shape.batch), extent(dense.index, 1, shape.q_heads),
+          [&](int64_t b, int64_t h, int64_t i, int64_t j, bool& hidden, bool& allowed, bool& work) {
+            const float value = values[dense.index.offset(b, h, i, j)];
+            if (value == -INFINITY) {
+              hidden = true;
+            } else {
+              allowed = true;
+              work |= value != 0.0f;  // a value to add: not a mask-free block
+            }
+          });
+    }));
+  }
+  for (const ResolvedMask::PredicateRef& ref : mask.predicates_) {
+    scanned_.push_back(cache.get(shape, tile_q_, tile_k_, ref.component, [&] {
+      return scan(shape.batch, shape.q_heads,
+                  [&](int64_t b, int64_t h, int64_t i, int64_t j, bool& hidden, bool& allowed,
+                      bool&) { (ref.predicate->allows(b, h, i, j) ? allowed : hidden) = true; });
+    }));
+  }
+}
+
+TileKind BlockMap::padding_kind(const component::Padding& padding, const PaddingCounts* counts,
+                                int64_t b, int64_t first, int64_t end, int64_t length) const {
+  int64_t real = 0;
+  switch (padding.form) {
+    case Form::lengths:
+      real = std::max<int64_t>(0, std::min(end, padding.values.values()[b]) - first);
+      break;
+    case Form::starts:
+      real = std::max<int64_t>(0, end - std::max(first, padding.values.values()[b]));
+      break;
+    case Form::keep:
+    case Form::token_ids: {
+      const int64_t* prefix = counts->prefix.data() + b * (length + 1);
+      real = prefix[end] - prefix[first];
+      break;
+    }
+  }
+  return from_count(real, end - first);
+}
+
+TileKind BlockMap::order_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_end, int64_t k_first,
+                              int64_t k_end) const {
+  // Over the block, distance = qpos − kpos ranges over [d_min, d_max].
+  const int64_t d_min = mask_.qpos(b, q_first) - mask_.kpos(b, k_end - 1);
+  const int64_t d_max = mask_.qpos(b, q_end - 1) - mask_.kpos(b, k_first);
+  TileKind kind = TileKind::full;
+  for (const component::Window* window : mask_.windows_) {
+    if (!window->heads.contains(h)) continue;
+    if (d_max < -window->right || d_min > window->left) {
+      kind = TileKind::empty;
+    } else if (d_min < -window->right || d_max > window->left) {
+      if (kind == TileKind::full) kind = TileKind::partial;
+    }
+  }
+  if (kind == TileKind::full) return kind;
+  // Spans and prefix-LM can allow pairs the windows hide.
+  for (const component::Spans* spans : mask_.spans_) {
+    if (spans->heads.contains(h)) return TileKind::partial;
+  }
+  for (const component::Prefix* prefix : mask_.prefixes_) {
+    if (!prefix->heads.contains(h)) continue;
+    const bool queries_in =
+        mask_.qpos(b, q_end - 1) >= 0 && mask_.qpos(b, q_first) < prefix->length;
+    const bool keys_in = mask_.kpos(b, k_end - 1) >= 0 && mask_.kpos(b, k_first) < prefix->length;
+    if (queries_in && keys_in) return TileKind::partial;
+  }
+  return kind;
+}
+
+TileKind BlockMap::kind(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const {
+  if (!skipping_) return TileKind::partial;
+  const MaskShape& shape = mask_.shape();
+  const int64_t q_first = q_tile * tile_q_, q_end = std::min(shape.q_len, q_first + tile_q_);
+  const int64_t k_first = k_tile * tile_k_, k_end = std::min(shape.k_len, k_first + tile_k_);
+  TileKind kind = TileKind::full;
+  for (const PaddingCounts& counts : query_counts_) {
+    fold(kind, padding_kind(*counts.padding, &counts, b, q_first, q_end, shape.q_len));
+  }
+  for (const PaddingCounts& counts : key_counts_) {
+    fold(kind, padding_kind(*counts.padding, &counts, b, k_first, k_end, shape.k_len));
+  }
+  if (kind == TileKind::empty) return kind;
+  fold(kind, order_kind(b, h, q_first, q_end, k_first, k_end));
+  for (const component::Chunk* chunk : mask_.chunks_) {
+    if (!chunk->heads.contains(h)) continue;
+    fold(kind, match_kind({floor_div(mask_.qpos(b, q_first), chunk->size),
+                           floor_div(mask_.qpos(b, q_end - 1), chunk->size)},
+                          {floor_div(mask_.kpos(b, k_first), chunk->size),
+                           floor_div(mask_.kpos(b, k_end - 1), chunk->size)}));
+  }
+  for (size_t n = 0; n < mask_.segments_.size(); ++n) {
+    if (!mask_.segments_[n]->heads.contains(h)) continue;
+    const Range q = segment_q_[n][b * q_tiles_ + q_tile];
+    const Range k = segment_k_[n][b * k_tiles_ + k_tile];
+    fold(kind, match_kind({q.lo, q.hi}, {k.lo, k.hi}));
+  }
+  for (const auto& scanned : scanned_) fold(kind, scanned->at(b, h, q_tile, k_tile));
+  return kind;
+}
+
+}  // namespace maskattn::detail

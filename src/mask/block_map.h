@@ -1,0 +1,56 @@
+// The block map (DESIGN.md §4): every (query tile, key tile) block of a problem is empty, full or
+// partial. Structured components are classified in O(1) from the tile's corner positions (and
+// per-tile summaries of per-token arrays); dense masks and predicates by one scan, cached in the
+// Mask. A kernel skips empty blocks, runs no mask code on full ones and the element mask on
+// partial ones, so its cost follows the allowed pairs, not Lq·Lk.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mask/resolved_mask.h"
+#include "mask/scan_cache.h"
+
+namespace maskattn::detail {
+
+class BlockMap {
+ public:
+  // `skipping` false classifies every block as partial (for tests: the same results must come
+  // out with no block skipped and no mask work left out).
+  BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, bool skipping = true);
+
+  int64_t tile_q() const { return tile_q_; }
+  int64_t tile_k() const { return tile_k_; }
+  int64_t q_tiles() const { return q_tiles_; }
+  int64_t k_tiles() const { return k_tiles_; }
+
+  TileKind kind(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const;
+
+  struct Range {
+    int64_t lo, hi;  // inclusive
+  };
+
+ private:
+  // Real tokens counted by prefix sums, for keep-vector and token-id padding: count of real
+  // tokens among [0, t) of sequence b is prefix[b * (L + 1) + t].
+  struct PaddingCounts {
+    const component::Padding* padding;
+    std::vector<int64_t> prefix;
+  };
+
+  TileKind padding_kind(const component::Padding& padding, const PaddingCounts* counts, int64_t b,
+                        int64_t first, int64_t end, int64_t length) const;
+  TileKind order_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_end, int64_t k_first,
+                      int64_t k_end) const;
+
+  const ResolvedMask& mask_;
+  int64_t tile_q_, tile_k_, q_tiles_, k_tiles_;
+  bool skipping_;
+  std::vector<PaddingCounts> query_counts_, key_counts_;
+  // Per segment component: [B, q_tiles] and [B, k_tiles] id ranges.
+  std::vector<std::vector<Range>> segment_q_, segment_k_;
+  std::vector<std::shared_ptr<const ScannedKinds>> scanned_;
+};
+
+}  // namespace maskattn::detail

@@ -1,0 +1,53 @@
+// Tile classifications that need a scan of the data (dense masks, predicates), cached in the Mask
+// so that the scan happens once per problem size, not once per call.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "maskattn/attention.h"
+
+namespace maskattn::detail {
+
+// What a (query tile, key tile) block needs: nothing (every pair hidden), no mask work (every pair
+// allowed, nothing to add), or the element mask.
+enum class TileKind : uint8_t { empty = 0, full = 1, partial = 2 };
+
+// The kinds of one scanned component over [batch, heads, q_tiles, k_tiles]; batch or heads is 1
+// when the component does not vary along that axis (a [B,1,L,S] mask is scanned once per b).
+struct ScannedKinds {
+  int64_t batch = 1, heads = 1, q_tiles = 0, k_tiles = 0;
+  std::vector<TileKind> kinds;
+
+  TileKind at(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const {
+    const int64_t bb = batch == 1 ? 0 : b, hh = heads == 1 ? 0 : h;
+    return kinds[((bb * heads + hh) * q_tiles + q_tile) * k_tiles + k_tile];
+  }
+};
+
+class ScanCache {
+ public:
+  using Builder = std::function<ScannedKinds()>;
+
+  // The kinds of component `index` for this shape and tiling, built by `build` on first request.
+  std::shared_ptr<const ScannedKinds> get(const MaskShape& shape, int64_t tile_q, int64_t tile_k,
+                                          size_t index, const Builder& build);
+
+ private:
+  struct Entry {
+    MaskShape shape;
+    int64_t tile_q, tile_k;
+    size_t index;
+    std::shared_ptr<const ScannedKinds> kinds;
+  };
+  // A KV-cache decode changes Lk every step: keep only the most recent entries.
+  static constexpr size_t kMaxEntries = 16;
+
+  std::mutex mutex_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace maskattn::detail

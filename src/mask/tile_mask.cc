@@ -1,0 +1,114 @@
+#include "mask/tile_mask.h"
+
+#include <cmath>
+
+namespace maskattn::detail {
+
+namespace {
+
+using Form = component::Padding::Form;
+
+uint64_t low_bits(int64_t count) {
+  return count >= 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1;
+}
+
+int64_t saturating_add(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum)) return b > 0 ? INT64_MAX : INT64_MIN;
+  return sum;
+}
+
+}  // namespace
+
+TileMaskBuilder::TileMaskBuilder(const ResolvedMask& mask)
+    : mask_(mask),
+      per_element_(!mask.segments_.empty() || !mask.spans_.empty() || !mask.dense_bool_.empty() ||
+                   !mask.additive_.empty() || !mask.predicates_.empty()) {}
+
+uint64_t TileMaskBuilder::interval(int64_t lo, int64_t hi, int64_t q_first, int64_t q_count) {
+  lo = std::max(lo - q_first, int64_t{0});
+  hi = std::min(hi - q_first, q_count - 1);
+  if (hi < lo) return 0;
+  return low_bits(hi + 1) & ~low_bits(lo);
+}
+
+uint64_t TileMaskBuilder::real_queries(int64_t b, int64_t q_first, int64_t q_count) const {
+  uint64_t bits = low_bits(q_count);
+  for (const component::Padding* padding : mask_.query_padding_) {
+    switch (padding->form) {
+      case Form::lengths:
+        bits &= interval(0, padding->values.values()[b] - 1, q_first, q_count);
+        break;
+      case Form::starts:
+        bits &= interval(padding->values.values()[b], INT64_MAX, q_first, q_count);
+        break;
+      case Form::keep:
+      case Form::token_ids:
+        for (int64_t i = 0; i < q_count; ++i) {
+          if (!mask_.is_real(*padding, b, q_first + i)) bits &= ~(uint64_t{1} << i);
+        }
+        break;
+    }
+  }
+  return bits;
+}
+
+// Causal/window components as an interval of query positions per key, relaxed by spans and
+// prefix-LM; chunks as the interval of positions in the key's chunk.
+uint64_t TileMaskBuilder::order_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count,
+                                     int64_t j) const {
+  const int64_t kpos = mask_.kpos(b, j);
+  const int64_t to_index = -mask_.qpos(b, 0);  // query index = qpos + to_index
+  const auto index_of = [&](int64_t position) { return saturating_add(position, to_index); };
+  uint64_t bits = low_bits(q_count);
+  for (const component::Window* window : mask_.windows_) {
+    // kpos − right ≤ qpos ≤ kpos + left; unbounded sides saturate instead of overflowing.
+    if (!window->heads.contains(h)) continue;
+    bits &= interval(index_of(saturating_add(kpos, -window->right)),
+                     index_of(saturating_add(kpos, window->left)), q_first, q_count);
+  }
+  if (bits != low_bits(q_count)) {
+    for (const component::Prefix* prefix : mask_.prefixes_) {
+      if (prefix->heads.contains(h) && kpos >= 0 && kpos < prefix->length) {
+        bits |= interval(index_of(0), index_of(prefix->length - 1), q_first, q_count);
+      }
+    }
+    for (const component::Spans* spans : mask_.spans_) {
+      if (!spans->heads.contains(h)) continue;
+      const int64_t span = spans->key_ids.at(b, j);
+      if (span == 0) continue;
+      for (int64_t i = 0; i < q_count; ++i) {
+        if (spans->query_ids.at(b, q_first + i) == span) bits |= uint64_t{1} << i;
+      }
+    }
+  }
+  for (const component::Chunk* chunk : mask_.chunks_) {
+    if (!chunk->heads.contains(h)) continue;
+    const int64_t first = floor_div(kpos, chunk->size) * chunk->size;
+    bits &= interval(index_of(first), index_of(first + chunk->size - 1), q_first, q_count);
+  }
+  return bits;
+}
+
+void TileMaskBuilder::build(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t k_first,
+                            int64_t k_count, uint64_t* allowed) const {
+  const uint64_t queries = real_queries(b, q_first, q_count);
+  for (int64_t n = 0; n < k_count; ++n) {
+    const int64_t j = k_first + n;
+    uint64_t bits = queries;
+    for (const component::Padding* padding : mask_.key_padding_) {
+      if (!mask_.is_real(*padding, b, j)) bits = 0;
+    }
+    if (bits != 0) bits &= order_bits(b, h, q_first, q_count, j);
+    if (bits != 0 && per_element_) {
+      // Segments, dense masks, additive −inf and predicates: ask the evaluator per pair.
+      for (int64_t i = 0; i < q_count; ++i) {
+        const uint64_t bit = uint64_t{1} << i;
+        if ((bits & bit) && !mask_.allowed_elementwise(b, h, q_first + i, j)) bits &= ~bit;
+      }
+    }
+    allowed[n] = bits;
+  }
+}
+
+}  // namespace maskattn::detail

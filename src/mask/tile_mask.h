@@ -1,0 +1,34 @@
+// The element mask of one partial block, as bit rows: allowed[j] has bit i set iff query
+// q_first + i may attend key k_first + j. Structured components become intervals of queries per
+// key (O(1) per key); per-token arrays, dense masks and predicates are read per element.
+#pragma once
+
+#include <cstdint>
+
+#include "mask/resolved_mask.h"
+
+namespace maskattn::detail {
+
+class TileMaskBuilder {
+ public:
+  static constexpr int64_t kMaxQueries = 64;  // one bit per query in a uint64_t
+
+  explicit TileMaskBuilder(const ResolvedMask& mask);
+
+  // allowed[0, k_count): bit rows for queries [q_first, q_first + q_count) of (b, h) against keys
+  // [k_first, k_first + k_count). q_count ≤ 64.
+  void build(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t k_first,
+             int64_t k_count, uint64_t* allowed) const;
+
+ private:
+  // Bits of the queries whose index lies in [lo, hi] (inclusive), for a block starting at
+  // q_first with q_count queries.
+  static uint64_t interval(int64_t lo, int64_t hi, int64_t q_first, int64_t q_count);
+  uint64_t real_queries(int64_t b, int64_t q_first, int64_t q_count) const;
+  uint64_t order_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t j) const;
+
+  const ResolvedMask& mask_;
+  bool per_element_;  // segments, spans, dense masks or predicates need a look at every pair
+};
+
+}  // namespace maskattn::detail

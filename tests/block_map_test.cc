@@ -1,0 +1,167 @@
+// The block map and the partial-block element mask: classifications agree with the element grid,
+// structured masks skip what they should, and bit rows reproduce allowed_pairs exactly.
+#include <cmath>
+
+#include "mask/block_map.h"
+#include "mask/tile_mask.h"
+#include "test_util.h"
+
+namespace maskattn {
+namespace {
+
+using detail::TileKind;
+
+struct Case {
+  const char* name;
+  Mask mask;
+};
+
+// A catalogue of masks over B = 2, Hq = 3 with Lq, Lk given; every component appears.
+std::vector<Case> catalogue(int64_t lq, int64_t lk) {
+  std::vector<int64_t> seg_q, seg_k, span_q, span_k, q_keep, k_ids;
+  std::vector<uint8_t> dense;
+  std::vector<float> additive;
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t i = 0; i < lq; ++i) {
+      seg_q.push_back((i + b) / 5);
+      span_q.push_back(i % 7 < 3 ? 1 : 0);
+      q_keep.push_back(i % 9 != 4);
+    }
+    for (int64_t j = 0; j < lk; ++j) {
+      seg_k.push_back((j + b) / 5);
+      span_k.push_back(j % 7 < 3 ? 1 : 0);
+      k_ids.push_back(j % 11 == 10 ? 0 : 1 + j);
+    }
+  }
+  for (int64_t n = 0; n < 2 * lq * lk; ++n) dense.push_back((n / 7) % 3 != 0);
+  for (int64_t n = 0; n < 3 * lk; ++n) additive.push_back(n % 4 == 0 ? -INFINITY : (n % 3) * 0.5f);
+  return {
+      {"none", Mask()},
+      {"causal", Mask().causal()},
+      {"causal top-left", Mask().causal(Alignment::top_left)},
+      {"window(5,2)", Mask().window(5, 2)},
+      {"sliding_window(9) & chunk(7)", Mask().sliding_window(9).chunk(7)},
+      {"ragged", Mask().causal().key_lengths({lk, lk / 2}).query_lengths({lq, lq / 3})},
+      {"left padding", Mask().causal().key_starts({3, 0}).chunk(6)},
+      {"keep & ids", Mask()
+                         .query_keep(Array<int64_t>({2, lq}, q_keep))
+                         .key_pad_id(Array<int64_t>({2, lk}, k_ids), 0)},
+      {"segments",
+       Mask().causal().segments(Array<int64_t>({2, lq}, seg_q), Array<int64_t>({2, lk}, seg_k))},
+      {"spans",
+       Mask().causal().spans(Array<int64_t>({2, lq}, span_q), Array<int64_t>({2, lk}, span_k))},
+      {"prefix & window", Mask().sliding_window(4).prefix_lm(6)},
+      {"per head", Mask().causal(HeadSet{0}).window(3, 0, HeadSet{2}).chunk(8, HeadSet{1})},
+      {"dense keep [B,1,Lq,Lk]", Mask().keep(Array<uint8_t>({2, 1, lq, lk}, dense))},
+      {"additive [Hq,1,Lk]", Mask().additive(Array<float>({3, 1, lk}, additive))},
+      {"predicate", Mask().predicate([](int64_t b, int64_t h, int64_t i, int64_t j) {
+         return (i / 3 + j / 4 + b + h) % 3 != 0;
+       })},
+  };
+}
+
+TEST(BlockMap, ClassificationsAgreeWithTheElementGrid) {
+  for (const auto& [lq, lk, tq, tk] :
+       {std::array<int64_t, 4>{23, 23, 4, 4}, {17, 31, 3, 5}, {31, 12, 8, 4}, {64, 64, 16, 16}}) {
+    for (const Case& c : catalogue(lq, lk)) {
+      const MaskShape shape = {2, 3, lq, lk};
+      const Array<uint8_t> allowed = allowed_pairs(c.mask, shape);
+      const Array<uint8_t> map = block_map(c.mask, shape, tq, tk);
+      const int64_t q_tiles = map.dim(2), k_tiles = map.dim(3);
+      int64_t counts[3] = {0, 0, 0};
+      for (int64_t b = 0; b < 2; ++b) {
+        for (int64_t h = 0; h < 3; ++h) {
+          for (int64_t qt = 0; qt < q_tiles; ++qt) {
+            for (int64_t kt = 0; kt < k_tiles; ++kt) {
+              const auto kind =
+                  static_cast<TileKind>(map.values()[((b * 3 + h) * q_tiles + qt) * k_tiles + kt]);
+              ++counts[static_cast<int>(kind)];
+              int64_t on = 0, size = 0;
+              for (int64_t i = qt * tq; i < std::min(lq, (qt + 1) * tq); ++i) {
+                for (int64_t j = kt * tk; j < std::min(lk, (kt + 1) * tk); ++j) {
+                  on += allowed.values()[((b * 3 + h) * lq + i) * lk + j];
+                  ++size;
+                }
+              }
+              const int64_t expected_on = kind == TileKind::empty  ? 0
+                                          : kind == TileKind::full ? size
+                                                                   : on;
+              ASSERT_EQ(on, expected_on)
+                  << c.name << " b" << b << " h" << h << " tile " << qt << "," << kt;
+            }
+          }
+        }
+      }
+      if (std::string(c.name) == "causal" && lq == lk) {
+        EXPECT_GT(counts[0], 0) << "causal must skip blocks above the diagonal";
+        EXPECT_GT(counts[1], 0) << "causal must have mask-free blocks below the diagonal";
+      }
+    }
+  }
+}
+
+TEST(BlockMap, CausalSkipsTheUpperTriangle) {
+  const Array<uint8_t> map = block_map(Mask().causal(), {1, 1, 256, 256});
+  const std::vector<uint8_t> expected = {1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1};
+  std::vector<uint8_t> diagonal_partial = expected;
+  for (int t = 0; t < 4; ++t) diagonal_partial[t * 4 + t] = 2;
+  EXPECT_EQ(map.values(), diagonal_partial);
+}
+
+TEST(BlockMap, SlidingWindowVisitsOnlyTheBand) {
+  const Array<uint8_t> map = block_map(Mask().sliding_window(64), {1, 1, 1024, 1024});
+  int64_t visited = 0;
+  for (uint8_t kind : map.values()) visited += kind != 0;
+  EXPECT_EQ(visited, 16 + 15);  // the diagonal and the band just below it
+}
+
+TEST(BlockMap, DenseScanIsCachedInTheMask) {
+  const Mask mask = Mask().keep(Array<uint8_t>({1, 1, 64, 64}, std::vector<uint8_t>(4096, 1)));
+  const Array<uint8_t> first = block_map(mask, {1, 2, 64, 64}, 16, 16);
+  const Mask copy = mask;  // copies share the cache
+  EXPECT_EQ(block_map(copy, {1, 2, 64, 64}, 16, 16).values(), first.values());
+  for (uint8_t kind : first.values()) EXPECT_EQ(kind, 1);
+}
+
+TEST(BlockMap, AdditiveBlocksWithValuesToAddAreNotMaskFree) {
+  std::vector<float> values(16, 0.0f);
+  values[5] = -2.0f;  // finite: not hidden, but must be added
+  const Array<uint8_t> map =
+      block_map(Mask().additive(Array<float>({4, 4}, values)), {1, 1, 4, 4}, 2, 2);
+  EXPECT_EQ(map.values(), (std::vector<uint8_t>{2, 1, 1, 1}));
+}
+
+TEST(TileMask, BitRowsReproduceTheElementGrid) {
+  for (const auto& [lq, lk] : {std::pair<int64_t, int64_t>{70, 70}, {5, 130}, {130, 9}}) {
+    for (const Case& c : catalogue(lq, lk)) {
+      const MaskShape shape = {2, 3, lq, lk};
+      const Array<uint8_t> allowed = allowed_pairs(c.mask, shape);
+      const detail::ResolvedMask resolved(c.mask, shape);
+      const detail::TileMaskBuilder builder(resolved);
+      std::vector<uint64_t> bits(64);
+      for (int64_t b = 0; b < 2; ++b) {
+        for (int64_t h = 0; h < 3; ++h) {
+          for (int64_t q0 = 0; q0 < lq; q0 += 64) {
+            for (int64_t k0 = 0; k0 < lk; k0 += 64) {
+              const int64_t q_count = std::min<int64_t>(64, lq - q0);
+              const int64_t k_count = std::min<int64_t>(64, lk - k0);
+              builder.build(b, h, q0, q_count, k0, k_count, bits.data());
+              for (int64_t n = 0; n < k_count; ++n) {
+                for (int64_t i = 0; i < 64; ++i) {
+                  const bool bit = (bits[n] >> i) & 1;
+                  const bool expected =
+                      i < q_count && allowed.values()[((b * 3 + h) * lq + q0 + i) * lk + k0 + n];
+                  ASSERT_EQ(bit, expected) << c.name << " Lq=" << lq << " Lk=" << lk << " b" << b
+                                           << " h" << h << " i" << q0 + i << " j" << k0 + n;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace maskattn
