@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "core/element.h"
+#include "kernels/fused.h"
+#include "kernels/merge.h"
 #include "kernels/problem.h"
 #include "kernels/reference.h"
 #include "mask/block_map.h"
@@ -196,19 +199,7 @@ void require_finite(const TensorView& t, const std::string& name) {
       index[axis] = rest % t.size(axis);
       rest /= t.size(axis);
     }
-    const int64_t offset = t.offset(index);
-    float value = 0;
-    switch (t.dtype()) {
-      case DType::f32:
-        value = static_cast<const float*>(t.data())[offset];
-        break;
-      case DType::f16:
-        value = to_float(static_cast<const float16*>(t.data())[offset]);
-        break;
-      case DType::bf16:
-        value = to_float(static_cast<const bfloat16*>(t.data())[offset]);
-        break;
-    }
+    const float value = detail::load_float(t, t.offset(index));
     if (!std::isfinite(value)) {
       Dims position(index.begin(), index.begin() + t.rank());
       std::string where = shape_string(position);  // "[0,1,2,3]"
@@ -240,20 +231,11 @@ void check_finite_inputs(const Problem& p, const Mask& mask, const ScoreMods& mo
   }
 }
 
-void require_kernel_available(const Options& options) {
-  if (options.kernel == Kernel::fused) {
-    throw Error(
-        "kernel 'fused' is not available in this version of maskattn; use 'automatic' or "
-        "'reference'");
-  }
-}
-
 // Resolves the mask and modifiers against the problem size, checks finiteness when asked, then
 // runs the kernel. Nothing is written before every check has passed.
 template <typename Kernel>
 void resolve_and_run(Problem& p, const Mask& mask, const ScoreMods& mods, const Options& options,
                      Kernel&& kernel) {
-  require_kernel_available(options);
   const ResolvedMask resolved_mask(mask, mask_shape_of(p));
   const ResolvedMods resolved_mods(mods, mask_shape_of(p));
   p.mask = &resolved_mask;
@@ -286,8 +268,13 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v,
       require_disjoint(lse, "lse", *input, name);
     }
   }
-  resolve_and_run(p, mask, mods, options,
-                  [&](const Problem& checked) { detail::reference::forward(checked, out, lse); });
+  resolve_and_run(p, mask, mods, options, [&](const Problem& checked) {
+    if (options.kernel == Kernel::reference) {
+      detail::reference::forward(checked, out, lse);
+    } else {
+      detail::fused::forward(checked, out, lse, options.block_skipping);
+    }
+  });
 }
 
 void attention_weights(const TensorView& q, const TensorView& k, const MutableTensorView& weights,
@@ -306,6 +293,61 @@ void attention_scores(const TensorView& q, const TensorView& k, const MutableTen
   resolve_and_run(p, mask, mods, options, [&](const Problem& checked) {
     detail::reference::scores(checked, stage, scores);
   });
+}
+
+void merge_partials(const std::vector<PartialResult>& parts, const MutableTensorView& out,
+                    const MutableTensorView& lse) {
+  require_view(out, 4, "out", "[B,Hq,Lq,Dv]");
+  if (parts.empty()) throw Error("merge_partials: no parts to merge");
+  const Dims shape = out.sizes();
+  const Dims lse_shape = {shape[0], shape[1], shape[2]};
+  require_no_self_overlap(out, "out");
+  for (size_t c = 0; c < parts.size(); ++c) {
+    const std::string name = "part " + std::to_string(c);
+    require_view(parts[c].out, 4, name + " out", "[B,Hq,Lq,Dv]");
+    require_view(parts[c].lse, 3, name + " lse", "[B,Hq,Lq]");
+    if (parts[c].out.sizes() != shape) {
+      throw Error(name + " out has shape " + parts[c].out.shape_string() + " but out is " +
+                  out.shape_string());
+    }
+    if (parts[c].lse.sizes() != lse_shape || parts[c].lse.dtype() != DType::f32) {
+      throw Error(name + " lse must be f32 " + shape_string(lse_shape) + ", got " +
+                  dtype_name(parts[c].lse.dtype()) + " " + parts[c].lse.shape_string());
+    }
+    require_disjoint(out, "out", parts[c].out, name + " out");
+    require_disjoint(out, "out", parts[c].lse, name + " lse");
+    if (!lse.is_null()) {
+      require_disjoint(lse, "lse", parts[c].out, name + " out");
+      require_disjoint(lse, "lse", parts[c].lse, name + " lse");
+    }
+  }
+  if (!lse.is_null()) {
+    require_output(lse, lse_shape, DType::f32, "lse", "out " + out.shape_string());
+    require_disjoint(lse, "lse", out, "out");
+  }
+  const int64_t count = static_cast<int64_t>(parts.size()), value_dim = shape[3];
+  std::vector<float> rows(count * value_dim), lses(count), merged(value_dim);
+
+  for (int64_t b = 0; b < shape[0]; ++b) {
+    for (int64_t h = 0; h < shape[1]; ++h) {
+      for (int64_t i = 0; i < shape[2]; ++i) {
+        for (int64_t c = 0; c < count; ++c) {
+          const TensorView& part = parts[c].out;
+          for (int64_t e = 0; e < value_dim; ++e) {
+            rows[c * value_dim + e] = detail::load_float(part, part.offset({b, h, i, e}));
+          }
+          lses[c] = detail::load_float(parts[c].lse, parts[c].lse.offset({b, h, i, 0}));
+        }
+        const float row_lse = detail::merge_row(count, rows.data(), value_dim, lses.data(), 1,
+                                                -INFINITY, value_dim, merged.data());
+        for (int64_t e = 0; e < value_dim; ++e) {
+          detail::store_float(out, out.offset({b, h, i, e}), merged[e]);
+        }
+        if (!lse.is_null())
+          static_cast<float*>(lse.mutable_data())[lse.offset({b, h, i, 0})] = row_lse;
+      }
+    }
+  }
 }
 
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape) {

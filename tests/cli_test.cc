@@ -222,6 +222,7 @@ TEST_F(CliAttend, ScaleAndKernelFlags) {
   std::vector<float> out(q_.size());
   Options options;
   options.scale = 0.125;
+  options.kernel = Kernel::reference;
   ScoreMods mods;
   mods.softcap = 5.0;
   attention(TensorView(q_.data(), {B, H, L, D}), TensorView(k_.data(), {B, H, L, D}),

@@ -213,11 +213,11 @@ TEST(Errors, E20_ThreadCount) {
   EXPECT_MASKATTN_ERROR(p.run({}, {}, options), "threads = 100000 must be in [0, 1024]");
 }
 
-TEST(Errors, E21_FusedKernelNotAvailable) {
-  Problem p;
-  Options options;
-  options.kernel = Kernel::fused;
-  EXPECT_MASKATTN_ERROR(p.run({}, {}, options), "kernel 'fused' is not available");
+TEST(Errors, E21_InspectionArguments) {
+  EXPECT_MASKATTN_ERROR(block_map(Mask(), {1, 1, 4, 4}, 0, 64),
+                        "block_map: tile sizes 0x64 must be ≥ 1");
+  EXPECT_MASKATTN_ERROR(allowed_pairs(Mask(), {2, 3, 4, 4}, 2, 0),
+                        "allowed_pairs: batch 2, head 0 is outside scores [2,3,4,4]");
 }
 
 TEST(Errors, E22_CheckFinite) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "maskattn/array.h"
 #include "maskattn/mask.h"
@@ -19,9 +20,9 @@
 namespace maskattn {
 
 enum class Kernel : uint8_t {
-  automatic,  // the fastest available kernel
+  automatic,  // the fused kernel (the only fast path today)
   reference,  // the f64 oracle: exact, slow, O(Lk) scratch per row
-  fused,      // the tiled fast kernel (not in this version: asking for it is an error)
+  fused,      // tiled, SIMD (runtime dispatch), skips what the mask hides, f32 accumulation
 };
 
 struct Options {
@@ -29,6 +30,9 @@ struct Options {
   bool check_finite = false;    // raise an Error naming the first NaN/Inf in Q, K or V
   Kernel kernel = Kernel::automatic;
   int threads = 0;  // 0 = OpenMP's default (all cores); at most kMaxThreads
+  // Debugging switch: false makes the fused kernel visit every tile with the element mask (no
+  // skipping, no mask-free tiles). Results must be the same; only the time changes.
+  bool block_skipping = true;
 };
 
 inline constexpr int kMaxThreads = 1024;
@@ -39,6 +43,17 @@ inline constexpr int kMaxThreads = 1024;
 void attention(const TensorView& q, const TensorView& k, const TensorView& v,
                const MutableTensorView& out, const Mask& mask = {}, const ScoreMods& mods = {},
                const Options& options = {}, const MutableTensorView& lse = {});
+
+// Attention over disjoint key sets, merged into attention over their union (split-key decoding,
+// ring attention): LSE = log Σ_c exp(LSE_c), O = Σ_c exp(LSE_c − LSE)·O_c. Each part is the output
+// [B, Hq, Lq, Dv] (f32, f16 or bf16) and LSE [B, Hq, Lq] (f32) of one call over its keys; a part
+// whose row saw no key (LSE −inf) changes nothing. Sinks belong to exactly one part.
+struct PartialResult {
+  TensorView out;
+  TensorView lse;
+};
+void merge_partials(const std::vector<PartialResult>& parts, const MutableTensorView& out,
+                    const MutableTensorView& lse = {});
 
 // The materialised softmax weights P [B, Hq, Lq, Lk] (f32), for inspection and heatmaps. Hidden
 // pairs get exactly 0. Costs B·Hq·Lq·Lk floats: a debugging tool, not a compute path.

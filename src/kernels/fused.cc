@@ -1,0 +1,236 @@
+// The fused kernel's driver: plans work items, runs them on OpenMP threads with per-thread scratch,
+// merges split-key partials and writes the outputs in the caller's dtype and layout.
+//
+// Work items. With many queries an item is one (b, h, 64-query block) against all keys (tile
+// kernel). With few queries (decoding, Lq ≤ kRowModeQueries) an item is a batch of rows sharing a
+// kv head against one chunk of keys (row kernel); when there are too few (b, kv head) pairs to
+// keep the threads busy the keys are split into fixed chunks of kChunkKeys and the partial
+// (O, LSE) pairs merged afterwards. Every plan depends on the shapes only, never on the thread
+// count, and each item's arithmetic is fixed, so results are bitwise identical for any number of
+// threads. Items are handed out longest first (counted in non-empty tiles), which keeps a causal
+// mask's uneven rows balanced.
+#include "kernels/fused.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include "core/element.h"
+#include "kernels/fused_block.h"
+#include "kernels/merge.h"
+
+namespace maskattn::detail::fused {
+
+namespace {
+
+constexpr int64_t kRowModeQueries = 8;    // at most this many queries: the row kernel
+constexpr int64_t kChunkKeys = 4096;      // key chunk of split-key decoding (multiple of kTileK)
+constexpr int64_t kSplitBelowItems = 16;  // split keys when fewer (b, kv head, rows) items exist
+
+struct Item {
+  int64_t b = 0, h = 0;                   // tile mode: one head; row mode: any head of the kv group
+  int64_t q_first = 0, q_count = 0;       // tile mode
+  int64_t rows_first = 0, row_count = 0;  // row mode: rows of the (b, g) row list
+  int64_t g = 0, chunk = 0, k_first = 0, k_end = 0;
+  int64_t cost = 0;
+  int64_t partial = -1;  // row mode with split keys: index of the partial-result slot
+};
+
+// Per (b, kv head, key tile): 1 when every value in the tile is finite (see Context).
+std::vector<uint8_t> finite_value_tiles(const Problem& p) {
+  const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
+  std::vector<uint8_t> finite(p.batch * p.kv_heads * k_tiles, 1);
+  const TensorView& v = p.v;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t g = 0; g < p.kv_heads; ++g) {
+      for (int64_t j = 0; j < p.k_len; ++j) {
+        bool row_finite = true;
+        const int64_t offset = v.offset({b, g, j, 0});
+        for (int64_t e = 0; e < p.value_dim; ++e) {
+          row_finite &= std::isfinite(load_float(v, offset + e * v.stride(3)));
+        }
+        if (!row_finite) finite[(b * p.kv_heads + g) * k_tiles + j / kTileK] = 0;
+      }
+    }
+  }
+  return finite;
+}
+
+// Runs body(index) for every item, longest first, on OpenMP threads; rethrows the first exception
+// (from a user predicate or score_fn) on the calling thread.
+template <typename Body>
+void run_items(const std::vector<Item>& items, int requested_threads, Body&& body) {
+  std::vector<int64_t> order(items.size());
+  for (size_t n = 0; n < order.size(); ++n) order[n] = static_cast<int64_t>(n);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return items[a].cost > items[b].cost; });
+  const int threads = static_cast<int>(
+      std::min<int64_t>(requested_threads > 0 ? requested_threads : omp_get_max_threads(),
+                        static_cast<int64_t>(items.size())));
+  std::exception_ptr failure;
+  std::atomic<bool> failed{false};
+#pragma omp parallel for schedule(dynamic, 1) num_threads(std::max(threads, 1))
+  for (size_t n = 0; n < order.size(); ++n) {
+    if (failed.load(std::memory_order_relaxed)) continue;
+    try {
+      body(order[n]);
+    } catch (...) {
+#pragma omp critical(maskattn_fused_failure)
+      if (!failure) failure = std::current_exception();
+      failed = true;
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+}  // namespace
+
+void forward(const Problem& p, const MutableTensorView& out, const MutableTensorView& lse,
+             bool block_skipping) {
+  if (p.batch * p.q_heads * p.q_len == 0) return;
+  if (out.numel() == 0 && lse.is_null()) return;
+  const BlockMap blocks(*p.mask, kTileQ, kTileK, block_skipping);
+  const TileMaskBuilder tile_masks(*p.mask);
+  const ResolvedMods& mods = *p.mods;
+  Context context;
+  context.problem = &p;
+  context.blocks = &blocks;
+  context.tile_masks = &tile_masks;
+  context.score_mods = mods.softcap || mods.alibi_slopes != nullptr || mods.bias != nullptr ||
+                       mods.score_fn != nullptr || mods.threshold || p.mask->has_additive();
+  const bool row_mode = p.q_len <= kRowModeQueries;
+  std::vector<uint8_t> v_finite;
+  if (!row_mode) {
+    v_finite = finite_value_tiles(p);
+    context.v_tile_finite = v_finite.data();
+  }
+
+  // ---- plan ----
+  std::vector<Item> items;
+  const int64_t group = p.kv_heads > 0 ? p.q_heads / p.kv_heads : 0;
+  // Row mode: the rows (h, i) of one (b, g), in order; batches of kMaxRows.
+  std::vector<Row> rows;
+  if (row_mode) {
+    for (int64_t h = 0; h < group; ++h) {
+      for (int64_t i = 0; i < p.q_len; ++i) rows.push_back({h, i});  // h relative to the group
+    }
+  }
+  const int64_t row_batches = (static_cast<int64_t>(rows.size()) + kMaxRows - 1) / kMaxRows;
+  const int64_t k_tiles = blocks.k_tiles();
+  int64_t chunks = 1;
+  if (row_mode && p.batch * p.kv_heads * row_batches < kSplitBelowItems &&
+      p.k_len > 2 * kChunkKeys) {
+    chunks = (p.k_len + kChunkKeys - 1) / kChunkKeys;
+  }
+  if (!row_mode) {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      for (int64_t h = 0; h < p.q_heads; ++h) {
+        for (int64_t qt = 0; qt < blocks.q_tiles(); ++qt) {
+          Item item;
+          item.b = b;
+          item.h = h;
+          item.q_first = qt * kTileQ;
+          item.q_count = std::min(kTileQ, p.q_len - item.q_first);
+          item.k_end = p.k_len;
+          for (int64_t kt = 0; kt < k_tiles; ++kt)
+            item.cost += blocks.kind(b, h, qt, kt) != TileKind::empty;
+          items.push_back(item);
+        }
+      }
+    }
+  } else {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      for (int64_t g = 0; g < p.kv_heads; ++g) {
+        for (int64_t batch = 0; batch < row_batches; ++batch) {
+          for (int64_t c = 0; c < chunks; ++c) {
+            Item item;
+            item.b = b;
+            item.g = g;
+            item.rows_first = batch * kMaxRows;
+            item.row_count = std::min<int64_t>(kMaxRows, rows.size() - item.rows_first);
+            item.chunk = c;
+            item.k_first = chunks == 1 ? 0 : c * kChunkKeys;
+            item.k_end = chunks == 1 ? p.k_len : std::min(p.k_len, (c + 1) * kChunkKeys);
+            item.cost = item.k_end - item.k_first;
+            if (chunks > 1) item.partial = static_cast<int64_t>(items.size());
+            items.push_back(item);
+          }
+        }
+      }
+    }
+  }
+
+  // Partial results of split-key items: [item][row][Dv] and [item][row].
+  std::vector<float> partial_out, partial_lse;
+  if (chunks > 1) {
+    partial_out.resize(items.size() * kMaxRows * p.value_dim);
+    partial_lse.resize(items.size() * kMaxRows);
+  }
+  const auto write = [&](int64_t b, int64_t h, int64_t i, const float* values, float row_lse) {
+    const int64_t offset = out.offset({b, h, i, 0});
+    for (int64_t e = 0; e < p.value_dim; ++e)
+      store_float(out, offset + e * out.stride(3), values[e]);
+    if (!lse.is_null()) static_cast<float*>(lse.mutable_data())[lse.offset({b, h, i, 0})] = row_lse;
+  };
+
+  // ---- run ----
+  run_items(items, p.threads, [&](int64_t index) {
+    thread_local Scratch scratch;
+    scratch.reserve(p.head_dim, p.value_dim);
+    const Item& item = items[index];
+    if (!row_mode) {
+      Block block;
+      block.b = item.b;
+      block.h = item.h;
+      block.q_first = item.q_first;
+      block.q_count = item.q_count;
+      block.k_first = 0;
+      block.k_end = item.k_end;
+      attend_block(context, block, scratch);
+      for (int64_t i = 0; i < item.q_count; ++i) {
+        write(item.b, item.h, item.q_first + i, scratch.out + i * p.value_dim, scratch.lse[i]);
+      }
+      return;
+    }
+    Row batch[kMaxRows];
+    for (int64_t r = 0; r < item.row_count; ++r) {
+      const Row row = rows[item.rows_first + r];
+      batch[r] = {item.g * group + row.h, row.i};
+    }
+    attend_rows(context, item.b, batch, item.row_count, item.k_first, item.k_end, chunks == 1,
+                scratch);
+    for (int64_t r = 0; r < item.row_count; ++r) {
+      if (item.partial < 0) {
+        write(item.b, batch[r].h, batch[r].i, scratch.out + r * p.value_dim, scratch.lse[r]);
+      } else {
+        std::memcpy(partial_out.data() + (item.partial * kMaxRows + r) * p.value_dim,
+                    scratch.out + r * p.value_dim, p.value_dim * sizeof(float));
+        partial_lse[item.partial * kMaxRows + r] = scratch.lse[r];
+      }
+    }
+  });
+  if (chunks == 1) return;
+
+  // ---- merge split-key partials, chunk by chunk in key order ----
+  std::vector<float> merged(p.value_dim);
+  for (size_t n = 0; n < items.size(); n += chunks) {
+    const Item& first = items[n];  // chunks of one (b, g, row batch) are consecutive
+    for (int64_t r = 0; r < first.row_count; ++r) {
+      const Row row = rows[first.rows_first + r];
+      const int64_t h = first.g * group + row.h;
+      const float sink = mods.sinks != nullptr ? mods.sinks[h] : -INFINITY;
+      const float row_lse =
+          merge_row(chunks, partial_out.data() + (first.partial * kMaxRows + r) * p.value_dim,
+                    kMaxRows * p.value_dim, partial_lse.data() + first.partial * kMaxRows + r,
+                    kMaxRows, sink, p.value_dim, merged.data());
+      write(first.b, h, row.i, merged.data(), row_lse);
+    }
+  }
+}
+
+}  // namespace maskattn::detail::fused

@@ -1,0 +1,578 @@
+// The fused forward kernel's inner loops, compiled once per SIMD target (Highway runtime dispatch).
+//
+// Design. FlashAttention-2 walks, for one block of queries, the key tiles the mask allows, keeping
+// a running row maximum m, a running denominator l and an unnormalised output O:
+//
+//     S = scale·Q·Kᵀ (tile)   m' = max(m, rowmax S)   P = exp(S − m')   α = exp(m − m')
+//     l = α·l + rowsum P      O = α·O + P·V            at the end: O /= l, LSE = m + log l
+//
+// We hold the block *transposed*, queries across SIMD lanes: Sᵀ[j][i] (kTileK × kTileQ) is
+// computed as Σ_d K[j][d]·Qᵀ[d][i] with K[j][d] broadcast straight from K's own rows and Qᵀ packed
+// once per block, so no key tile is ever packed or transposed. The softmax reductions then run
+// down the columns (element-wise max and add of whole vectors, no horizontal reductions), and
+// Oᵀ[e][i] += Σ_j V[j][e]·Pᵀ[j][i] broadcasts V from its own rows too. Both products are register
+// blocked 4 rows × 4 vectors (16 accumulators); on AVX-512 one block of 64 queries is 4 vectors,
+// and each product measured ~255 GF/s on one core of the project machine (Zen 5, 2026-11-29).
+//
+// Masks: the block map says per tile empty (never visited), full (no mask work) or partial (bit
+// rows from TileMaskBuilder select −inf). Score modifiers run between the product and the mask.
+// The −inf guards are FlashAttention's: a column whose maximum is −inf uses 0 instead, so
+// (−inf) − (−inf) never happens, and a row that saw no key ends with l = 0 → O = 0, LSE = −inf.
+// NaN or +inf scores flag their row, which then ends as NaN (as the reference propagates them).
+//
+// Few queries (decoding) waste lanes in this layout, so attend_rows() puts D across the lanes
+// instead and streams each key and value row once for all rows of a kv head: memory-bound.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/fused_block.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/element.h"
+#include "kernels/fused_block.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace maskattn::detail::fused {
+namespace HWY_NAMESPACE {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+constexpr float kNegInf = -INFINITY;
+
+// `count` elements from `offset`, `stride` apart, widened to f32 (vectorised when contiguous).
+void LoadRow(const TensorView& t, int64_t offset, int64_t stride, int64_t count,
+             float* HWY_RESTRICT out) {
+  if (stride == 1) {
+    const DF df;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+    int64_t d = 0;
+    switch (t.dtype()) {
+      case DType::f32:
+        std::memcpy(out, static_cast<const float*>(t.data()) + offset, count * sizeof(float));
+        return;
+      case DType::f16: {
+        const hn::Rebind<hwy::float16_t, DF> dh;
+        const auto* in = reinterpret_cast<const hwy::float16_t*>(t.data()) + offset;
+        for (; d + lanes <= count; d += lanes)
+          hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, in + d)), df, out + d);
+        break;
+      }
+      case DType::bf16: {
+        const hn::Rebind<hwy::bfloat16_t, DF> dh;
+        const auto* in = reinterpret_cast<const hwy::bfloat16_t*>(t.data()) + offset;
+        for (; d + lanes <= count; d += lanes)
+          hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, in + d)), df, out + d);
+        break;
+      }
+    }
+    for (; d < count; ++d) out[d] = load_float(t, offset + d);
+    return;
+  }
+  for (int64_t d = 0; d < count; ++d) out[d] = load_float(t, offset + d * stride);
+}
+
+// Rows [j0, j0 + count) of K or V for (b, g) as f32: a pointer into the tensor itself when it is
+// f32 with contiguous rows, else a converted copy in `buffer`. `row_stride` receives the distance
+// between rows of the returned pointer.
+const float* TileRows(const TensorView& t, int64_t b, int64_t g, int64_t j0, int64_t count,
+                      int64_t width, float* buffer, int64_t& row_stride) {
+  if (t.dtype() == DType::f32 && t.stride(3) == 1) {
+    row_stride = t.stride(2);
+    return static_cast<const float*>(t.data()) + t.offset({b, g, j0, 0});
+  }
+  row_stride = width;
+  for (int64_t r = 0; r < count; ++r) {
+    LoadRow(t, t.offset({b, g, j0 + r, 0}), t.stride(3), width, buffer + r * width);
+  }
+  return buffer;
+}
+
+// ---- tile kernel: products ------------------------------------------------------------------
+
+// s[r][i] = Σ_d k[r][d]·q_t[d][i] for kRows key rows and all kTileQ queries.
+template <int kRows>
+HWY_INLINE void ScoreRows(const float* HWY_RESTRICT k, int64_t k_stride, int64_t dim,
+                          const float* HWY_RESTRICT q_t, float* HWY_RESTRICT s) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  for (size_t i = 0; i < static_cast<size_t>(kTileQ); i += 4 * N) {
+    VF acc[kRows][4];
+    for (int r = 0; r < kRows; ++r) {
+      for (int c = 0; c < 4; ++c) acc[r][c] = hn::Zero(df);
+    }
+    for (int64_t d = 0; d < dim; ++d) {
+      const float* q = q_t + d * kTileQ + i;
+      const VF q0 = hn::LoadU(df, q), q1 = hn::LoadU(df, q + N);
+      const VF q2 = hn::LoadU(df, q + 2 * N), q3 = hn::LoadU(df, q + 3 * N);
+      for (int r = 0; r < kRows; ++r) {
+        const VF key = hn::Set(df, k[r * k_stride + d]);
+        acc[r][0] = hn::MulAdd(key, q0, acc[r][0]);
+        acc[r][1] = hn::MulAdd(key, q1, acc[r][1]);
+        acc[r][2] = hn::MulAdd(key, q2, acc[r][2]);
+        acc[r][3] = hn::MulAdd(key, q3, acc[r][3]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      for (int c = 0; c < 4; ++c) hn::StoreU(acc[r][c], df, s + r * kTileQ + i + c * N);
+    }
+  }
+}
+
+void Scores(const float* k, int64_t k_stride, int64_t rows, int64_t dim, const float* q_t,
+            float* s) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) ScoreRows<4>(k + r * k_stride, k_stride, dim, q_t, s + r * kTileQ);
+  for (; r < rows; ++r) ScoreRows<1>(k + r * k_stride, k_stride, dim, q_t, s + r * kTileQ);
+}
+
+// o[e][i] = alpha[i]·o[e][i] + Σ_{j<rows} v[j][e]·p[j][i] for kRows value dims e. `Careful`
+// skips zero weights so that a non-finite value of a hidden key cannot turn 0·v into NaN.
+template <int kRows, bool kCareful>
+HWY_INLINE void AccumulateRows(const float* HWY_RESTRICT v, int64_t v_stride, int64_t rows,
+                               const float* HWY_RESTRICT p, const float* HWY_RESTRICT alpha,
+                               float* HWY_RESTRICT o) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  for (size_t i = 0; i < static_cast<size_t>(kTileQ); i += 4 * N) {
+    VF acc[kRows][4];
+    for (int c = 0; c < 4; ++c) {
+      const VF scale = hn::LoadU(df, alpha + i + c * N);
+      for (int r = 0; r < kRows; ++r) {
+        acc[r][c] = hn::Mul(scale, hn::LoadU(df, o + r * kTileQ + i + c * N));
+      }
+    }
+    for (int64_t j = 0; j < rows; ++j) {
+      const float* w = p + j * kTileQ + i;
+      const VF p0 = hn::LoadU(df, w), p1 = hn::LoadU(df, w + N);
+      const VF p2 = hn::LoadU(df, w + 2 * N), p3 = hn::LoadU(df, w + 3 * N);
+      for (int r = 0; r < kRows; ++r) {
+        const VF value = hn::Set(df, v[j * v_stride + r]);
+        if constexpr (kCareful) {
+          const VF zero = hn::Zero(df);
+          acc[r][0] = hn::Add(acc[r][0], hn::IfThenElseZero(hn::Ne(p0, zero), hn::Mul(value, p0)));
+          acc[r][1] = hn::Add(acc[r][1], hn::IfThenElseZero(hn::Ne(p1, zero), hn::Mul(value, p1)));
+          acc[r][2] = hn::Add(acc[r][2], hn::IfThenElseZero(hn::Ne(p2, zero), hn::Mul(value, p2)));
+          acc[r][3] = hn::Add(acc[r][3], hn::IfThenElseZero(hn::Ne(p3, zero), hn::Mul(value, p3)));
+        } else {
+          acc[r][0] = hn::MulAdd(value, p0, acc[r][0]);
+          acc[r][1] = hn::MulAdd(value, p1, acc[r][1]);
+          acc[r][2] = hn::MulAdd(value, p2, acc[r][2]);
+          acc[r][3] = hn::MulAdd(value, p3, acc[r][3]);
+        }
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      for (int c = 0; c < 4; ++c) hn::StoreU(acc[r][c], df, o + r * kTileQ + i + c * N);
+    }
+  }
+}
+
+template <bool kCareful>
+void Accumulate(const float* v, int64_t v_stride, int64_t rows, int64_t value_dim, const float* p,
+                const float* alpha, float* o) {
+  int64_t e = 0;
+  for (; e + 4 <= value_dim; e += 4) {
+    AccumulateRows<4, kCareful>(v + e, v_stride, rows, p, alpha, o + e * kTileQ);
+  }
+  for (; e < value_dim; ++e)
+    AccumulateRows<1, kCareful>(v + e, v_stride, rows, p, alpha, o + e * kTileQ);
+}
+
+// ---- tile kernel: modifiers, mask, online softmax ----------------------------------------------
+
+// Lane i of the result is set iff bit (first + i) of `bits` is.
+HWY_INLINE hn::Mask<DF> LanesFromBits(uint64_t bits, size_t first) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const auto lane_bit = hn::Shl(hn::Set(du, 1u), hn::Iota(du, 0));
+  const auto chunk = hn::Set(du, static_cast<uint32_t>(bits >> first));
+  return hn::RebindMask(df, hn::Ne(hn::And(chunk, lane_bit), hn::Zero(du)));
+}
+
+// softcap → ALiBi + bias + additive masks → score_fn → threshold (DESIGN.md §3), on the allowed
+// pairs of the tile; `allowed` is null for a full tile.
+void ApplyScoreMods(const Context& c, const Block& blk, int64_t j0, int64_t rows,
+                    const uint64_t* allowed, bool additive, float* HWY_RESTRICT s) {
+  const Problem& p = *c.problem;
+  const ResolvedMods& mods = *p.mods;
+  const ResolvedMask& mask = *p.mask;
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  if (mods.softcap || mods.alibi_slopes != nullptr) {
+    const float cap = mods.softcap ? static_cast<float>(*mods.softcap) : 1.0f;
+    const VF cap_v = hn::Set(df, cap), inverse_cap = hn::Set(df, 1.0f / cap);
+    const float slope = mods.alibi_slopes != nullptr ? mods.alibi_slopes[blk.h] : 0.0f;
+    for (int64_t j = 0; j < rows; ++j) {
+      // distance(i) = qpos(i) − kpos(j) = i + (qpos(q_first) − kpos(j0 + j))
+      const int64_t base = mask.qpos(blk.b, blk.q_first) - mask.kpos(blk.b, j0 + j);
+      for (size_t i = 0; i < static_cast<size_t>(kTileQ); i += N) {
+        VF x = hn::LoadU(df, s + j * kTileQ + i);
+        if (mods.softcap) x = hn::Mul(cap_v, hn::Tanh(df, hn::Mul(x, inverse_cap)));
+        if (mods.alibi_slopes != nullptr) {
+          const VF distance = hn::Abs(
+              hn::Add(hn::Iota(df, static_cast<float>(i)), hn::Set(df, static_cast<float>(base))));
+          x = hn::NegMulAdd(hn::Set(df, slope), distance, x);
+        }
+        hn::StoreU(x, df, s + j * kTileQ + i);
+      }
+    }
+  }
+  if (mods.bias != nullptr || additive || mods.score_fn != nullptr) {
+    for (int64_t j = 0; j < rows; ++j) {
+      for (int64_t i = 0; i < blk.q_count; ++i) {
+        if (allowed != nullptr && !((allowed[j] >> i) & 1)) continue;
+        const int64_t qi = blk.q_first + i, kj = j0 + j;
+        float& x = s[j * kTileQ + i];
+        if (mods.bias != nullptr) x += mods.bias[mods.bias_index.offset(blk.b, blk.h, qi, kj)];
+        if (additive) x += static_cast<float>(mask.additive(blk.b, blk.h, qi, kj));
+        if (mods.score_fn != nullptr) {
+          x = static_cast<float>((*mods.score_fn)(x, blk.b, blk.h, qi, kj));
+        }
+      }
+    }
+  }
+  if (mods.threshold) {
+    const VF tau = hn::Set(df, static_cast<float>(*mods.threshold));
+    const VF minus_inf = hn::Set(df, kNegInf);
+    for (int64_t j = 0; j < rows; ++j) {
+      for (size_t i = 0; i < static_cast<size_t>(kTileQ); i += N) {
+        const VF x = hn::LoadU(df, s + j * kTileQ + i);
+        hn::StoreU(hn::IfThenElse(hn::Lt(x, tau), minus_inf, x), df, s + j * kTileQ + i);
+      }
+    }
+  }
+}
+
+void ApplyMask(const uint64_t* allowed, int64_t rows, float* HWY_RESTRICT s) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const VF minus_inf = hn::Set(df, kNegInf);
+  for (int64_t j = 0; j < rows; ++j) {
+    for (size_t i = 0; i < static_cast<size_t>(kTileQ); i += N) {
+      const VF x = hn::LoadU(df, s + j * kTileQ + i);
+      hn::StoreU(hn::IfThenElse(LanesFromBits(allowed[j], i), x, minus_inf), df,
+                 s + j * kTileQ + i);
+    }
+  }
+}
+
+// One online-softmax step over `rows` key rows: scores become weights exp(s − m'), and row_max,
+// row_sum, alpha (the factor old sums and outputs are rescaled by) are updated per query.
+void SoftmaxStep(float* HWY_RESTRICT s, int64_t rows, float* HWY_RESTRICT row_max,
+                 float* HWY_RESTRICT row_sum, float* HWY_RESTRICT alpha, float* HWY_RESTRICT bad) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const VF minus_inf = hn::Set(df, kNegInf), plus_inf = hn::Set(df, INFINITY);
+  for (size_t i = 0; i < static_cast<size_t>(kTileQ); i += N) {
+    const VF m_old = hn::LoadU(df, row_max + i);
+    VF m = m_old;
+    auto poisoned = hn::Ne(hn::LoadU(df, bad + i), hn::Zero(df));
+    for (int64_t j = 0; j < rows; ++j) {
+      const VF x = hn::LoadU(df, s + j * kTileQ + i);
+      m = hn::Max(m, x);
+      poisoned = hn::Or(poisoned, hn::Or(hn::IsNaN(x), hn::Eq(x, plus_inf)));
+    }
+    // A column that has seen only −inf keeps m = −inf; subtract 0 instead (no (−inf) − (−inf)).
+    const VF m_used = hn::IfThenZeroElse(hn::Eq(m, minus_inf), m);
+    const VF a = hn::Exp(df, hn::Sub(m_old, m_used));
+    VF sum = hn::Zero(df);
+    for (int64_t j = 0; j < rows; ++j) {
+      const VF w = hn::Exp(df, hn::Sub(hn::LoadU(df, s + j * kTileQ + i), m_used));
+      hn::StoreU(w, df, s + j * kTileQ + i);
+      sum = hn::Add(sum, w);
+    }
+    hn::StoreU(hn::MulAdd(a, hn::LoadU(df, row_sum + i), sum), df, row_sum + i);
+    hn::StoreU(m, df, row_max + i);
+    hn::StoreU(a, df, alpha + i);
+    hn::StoreU(hn::IfThenElseZero(poisoned, hn::Set(df, 1.0f)), df, bad + i);
+  }
+}
+
+// out[i][e] = o[e][i] / l[i]; rows that saw no key give 0 and LSE −inf, poisoned rows NaN.
+void Finalize(int64_t q_count, int64_t value_dim, const float* o, const float* row_max,
+              const float* row_sum, const float* bad, float* out, float* lse) {
+  for (int64_t i = 0; i < q_count; ++i) {
+    const float l = row_sum[i];
+    float* row = out + i * value_dim;
+    if (bad[i] != 0.0f) {
+      for (int64_t e = 0; e < value_dim; ++e) row[e] = NAN;
+      lse[i] = NAN;
+    } else if (l == 0.0f) {
+      for (int64_t e = 0; e < value_dim; ++e) row[e] = 0.0f;
+      lse[i] = kNegInf;
+    } else {
+      const float inverse = 1.0f / l;
+      for (int64_t e = 0; e < value_dim; ++e) row[e] = o[e * kTileQ + i] * inverse;
+      lse[i] = row_max[i] + std::log(l);
+    }
+  }
+}
+
+// The initial softmax state: a sink is a key of logit sink[h] with no value.
+void InitState(const Problem& p, int64_t h, bool with_sink, float* row_max, float* row_sum,
+               float* bad, int64_t count) {
+  const bool sink = with_sink && p.mods->sinks != nullptr;
+  for (int64_t i = 0; i < count; ++i) {
+    row_max[i] = sink ? p.mods->sinks[h] : kNegInf;
+    row_sum[i] = sink ? 1.0f : 0.0f;
+    bad[i] = 0.0f;
+  }
+}
+
+void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
+  const Problem& p = *c.problem;
+  const int64_t dim = p.head_dim, value_dim = p.value_dim;
+  const int64_t g = p.kv_head(blk.h);
+  const int64_t q_tile = blk.q_first / kTileQ;
+
+  // Qᵀ, scaled once here rather than every score later; unused columns are 0.
+  std::memset(scratch.q_t, 0, dim * kTileQ * sizeof(float));
+  for (int64_t i = 0; i < blk.q_count; ++i) {
+    float* row = scratch.q_rows + i * dim;
+    LoadRow(p.q, p.q.offset({blk.b, blk.h, blk.q_first + i, 0}), p.q.stride(3), dim, row);
+    for (int64_t d = 0; d < dim; ++d) {
+      scratch.q_t[d * kTileQ + i] = static_cast<float>(row[d] * p.scale);
+    }
+  }
+  InitState(p, blk.h, blk.with_sink, scratch.row_max, scratch.row_sum, scratch.lse, kTileQ);
+  float* bad = scratch.lse;  // reused as the poisoned-row flags until Finalize
+  std::memset(scratch.o, 0, value_dim * kTileQ * sizeof(float));
+  const bool additive = p.mask->has_additive();
+
+  for (int64_t k_tile = blk.k_first / kTileK; k_tile * kTileK < blk.k_end; ++k_tile) {
+    const TileKind kind = c.blocks->kind(blk.b, blk.h, q_tile, k_tile);
+    if (kind == TileKind::empty) continue;
+    const int64_t j0 = k_tile * kTileK;
+    const int64_t rows = std::min(kTileK, blk.k_end - j0);
+    int64_t k_stride = 0, v_stride = 0;
+    const float* k = TileRows(p.k, blk.b, g, j0, rows, dim, scratch.k, k_stride);
+    Scores(k, k_stride, rows, dim, scratch.q_t, scratch.s);
+
+    const uint64_t* allowed = nullptr;
+    if (kind == TileKind::partial) {
+      c.tile_masks->build(blk.b, blk.h, blk.q_first, blk.q_count, j0, rows, scratch.allowed);
+      allowed = scratch.allowed;
+    }
+    if (c.score_mods) {
+      ApplyScoreMods(c, blk, j0, rows, allowed, additive && kind == TileKind::partial, scratch.s);
+    }
+    if (allowed != nullptr) ApplyMask(allowed, rows, scratch.s);
+    SoftmaxStep(scratch.s, rows, scratch.row_max, scratch.row_sum, scratch.alpha, bad);
+
+    const float* v = TileRows(p.v, blk.b, g, j0, rows, value_dim, scratch.v, v_stride);
+    const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
+    if (c.v_tile_finite[(blk.b * p.kv_heads + g) * k_tiles + k_tile]) {
+      Accumulate<false>(v, v_stride, rows, value_dim, scratch.s, scratch.alpha, scratch.o);
+    } else {
+      Accumulate<true>(v, v_stride, rows, value_dim, scratch.s, scratch.alpha, scratch.o);
+    }
+  }
+  // Finalize reads the flags from `bad` (= lse) before writing LSE values over them, row by row.
+  for (int64_t i = 0; i < blk.q_count; ++i) scratch.alpha[i] = bad[i];
+  Finalize(blk.q_count, value_dim, scratch.o, scratch.row_max, scratch.row_sum, scratch.alpha,
+           scratch.out, scratch.lse);
+}
+
+// ---- row kernel (few queries) ------------------------------------------------------------------
+
+float Dot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, int64_t count) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  VF acc0 = hn::Zero(df), acc1 = hn::Zero(df);
+  int64_t d = 0;
+  for (; d + 2 * N <= count; d += 2 * N) {
+    acc0 = hn::MulAdd(hn::LoadU(df, a + d), hn::LoadU(df, b + d), acc0);
+    acc1 = hn::MulAdd(hn::LoadU(df, a + d + N), hn::LoadU(df, b + d + N), acc1);
+  }
+  for (; d + N <= count; d += N)
+    acc0 = hn::MulAdd(hn::LoadU(df, a + d), hn::LoadU(df, b + d), acc0);
+  float sum = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
+  for (; d < count; ++d) sum += a[d] * b[d];
+  return sum;
+}
+
+// out += w·v over `count` values.
+void AddScaled(float w, const float* HWY_RESTRICT v, int64_t count, float* HWY_RESTRICT out) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const VF weight = hn::Set(df, w);
+  int64_t e = 0;
+  for (; e + N <= count; e += N) {
+    hn::StoreU(hn::MulAdd(weight, hn::LoadU(df, v + e), hn::LoadU(df, out + e)), df, out + e);
+  }
+  for (; e < count; ++e) out[e] += w * v[e];
+}
+
+void AttendRows(const Context& c, int64_t b, const Row* rows_in, int64_t row_count, int64_t k_first,
+                int64_t k_end, bool with_sink, Scratch& scratch) {
+  const Problem& p = *c.problem;
+  const ResolvedMods& mods = *p.mods;
+  const ResolvedMask& mask = *p.mask;
+  const int64_t dim = p.head_dim, value_dim = p.value_dim;
+  const int64_t g = p.kv_head(rows_in[0].h);
+  float* bad = scratch.alpha;  // the row kernel keeps no per-query alpha vector
+  for (int64_t r = 0; r < row_count; ++r) {
+    const Row row = rows_in[r];
+    LoadRow(p.q, p.q.offset({b, row.h, row.i, 0}), p.q.stride(3), dim, scratch.q_rows + r * dim);
+    for (int64_t d = 0; d < dim; ++d) scratch.q_rows[r * dim + d] *= static_cast<float>(p.scale);
+    InitState(p, row.h, with_sink, scratch.row_max + r, scratch.row_sum + r, bad + r, 1);
+  }
+  std::memset(scratch.out, 0, row_count * value_dim * sizeof(float));
+  const bool additive = mask.has_additive();
+  const DF df;
+  const size_t N = hn::Lanes(df);
+
+  for (int64_t k_tile = k_first / kTileK; k_tile * kTileK < k_end; ++k_tile) {
+    const int64_t j0 = k_tile * kTileK;
+    const int64_t count = std::min(kTileK, k_end - j0);
+    TileKind kinds[kMaxRows];
+    bool any = false;
+    for (int64_t r = 0; r < row_count; ++r) {
+      kinds[r] = c.blocks->kind(b, rows_in[r].h, rows_in[r].i / kTileQ, k_tile);
+      any |= kinds[r] != TileKind::empty;
+    }
+    if (!any) continue;
+    int64_t k_stride = 0, v_stride = 0;
+    const float* k = TileRows(p.k, b, g, j0, count, dim, scratch.k, k_stride);
+    // s[r][j]: one score per (row, key), keys padded with −inf to a whole tile.
+    for (int64_t r = 0; r < row_count; ++r) {
+      float* s = scratch.s + r * kTileK;
+      for (int64_t j = count; j < kTileK; ++j) s[j] = kNegInf;
+      if (kinds[r] == TileKind::empty) {
+        for (int64_t j = 0; j < count; ++j) s[j] = kNegInf;
+        continue;
+      }
+      const Row row = rows_in[r];
+      const float* q = scratch.q_rows + r * dim;
+      for (int64_t j = 0; j < count; ++j) s[j] = Dot(q, k + j * k_stride, dim);
+      uint64_t* allowed = nullptr;
+      if (kinds[r] == TileKind::partial) {
+        c.tile_masks->build(b, row.h, row.i, 1, j0, count, scratch.allowed);
+        allowed = scratch.allowed;
+      }
+      for (int64_t j = 0; j < count; ++j) {
+        if (allowed != nullptr && !(allowed[j] & 1)) {
+          s[j] = kNegInf;
+          continue;
+        }
+        if (!c.score_mods) continue;
+        double x = s[j];
+        const int64_t kj = j0 + j;
+        if (mods.softcap) x = *mods.softcap * std::tanh(x / *mods.softcap);
+        if (mods.alibi_slopes != nullptr) {
+          x -= mods.alibi_slopes[row.h] *
+               std::fabs(static_cast<double>(mask.qpos(b, row.i) - mask.kpos(b, kj)));
+        }
+        if (mods.bias != nullptr) x += mods.bias[mods.bias_index.offset(b, row.h, row.i, kj)];
+        if (additive && kinds[r] == TileKind::partial) x += mask.additive(b, row.h, row.i, kj);
+        if (mods.score_fn != nullptr) x = (*mods.score_fn)(x, b, row.h, row.i, kj);
+        if (mods.threshold && x < *mods.threshold) x = kNegInf;
+        s[j] = static_cast<float>(x);
+      }
+    }
+    // Online softmax per row, the keys of the tile across the lanes.
+    for (int64_t r = 0; r < row_count; ++r) {
+      float* s = scratch.s + r * kTileK;
+      VF m = hn::Set(df, kNegInf);
+      bool poisoned = bad[r] != 0.0f;
+      for (size_t j = 0; j < static_cast<size_t>(kTileK); j += N) {
+        const VF x = hn::LoadU(df, s + j);
+        m = hn::Max(m, x);
+        poisoned |= !hn::AllFalse(df, hn::Or(hn::IsNaN(x), hn::Eq(x, hn::Set(df, INFINITY))));
+      }
+      const float m_old = scratch.row_max[r];
+      const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(df, m)));
+      const float m_used = m_new == kNegInf ? 0.0f : m_new;
+      const float a = std::exp(m_old - m_used);
+      VF sum = hn::Zero(df);
+      for (size_t j = 0; j < static_cast<size_t>(kTileK); j += N) {
+        const VF w = hn::Exp(df, hn::Sub(hn::LoadU(df, s + j), hn::Set(df, m_used)));
+        hn::StoreU(w, df, s + j);
+        sum = hn::Add(sum, w);
+      }
+      scratch.row_sum[r] = a * scratch.row_sum[r] + hn::GetLane(hn::SumOfLanes(df, sum));
+      scratch.row_max[r] = m_new;
+      bad[r] = poisoned ? 1.0f : 0.0f;
+      if (a != 1.0f) {
+        float* out = scratch.out + r * value_dim;
+        for (int64_t e = 0; e < value_dim; ++e) out[e] *= a;
+      }
+    }
+    // O += P·V, each value row read once for all rows; zero weights are skipped, so hidden
+    // values are never read into the result.
+    const float* v = TileRows(p.v, b, g, j0, count, value_dim, scratch.v, v_stride);
+    for (int64_t j = 0; j < count; ++j) {
+      for (int64_t r = 0; r < row_count; ++r) {
+        const float w = scratch.s[r * kTileK + j];
+        if (w != 0.0f) AddScaled(w, v + j * v_stride, value_dim, scratch.out + r * value_dim);
+      }
+    }
+  }
+  for (int64_t r = 0; r < row_count; ++r) {
+    const float l = scratch.row_sum[r];
+    float* out = scratch.out + r * value_dim;
+    if (bad[r] != 0.0f) {
+      for (int64_t e = 0; e < value_dim; ++e) out[e] = NAN;
+      scratch.lse[r] = NAN;
+    } else if (l == 0.0f) {
+      scratch.lse[r] = kNegInf;  // out is still all zeros
+    } else {
+      for (int64_t e = 0; e < value_dim; ++e) out[e] /= l;
+      scratch.lse[r] = scratch.row_max[r] + std::log(l);
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace maskattn::detail::fused
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace maskattn::detail::fused {
+
+HWY_EXPORT(AttendBlock);
+HWY_EXPORT(AttendRows);
+
+void attend_block(const Context& context, const Block& block, Scratch& scratch) {
+  HWY_DYNAMIC_DISPATCH(AttendBlock)(context, block, scratch);
+}
+
+void attend_rows(const Context& context, int64_t b, const Row* rows, int64_t row_count,
+                 int64_t k_first, int64_t k_end, bool with_sink, Scratch& scratch) {
+  HWY_DYNAMIC_DISPATCH(AttendRows)(context, b, rows, row_count, k_first, k_end, with_sink, scratch);
+}
+
+void Scratch::reserve(int64_t head_dim, int64_t value_dim) {
+  if (head_dim <= head_dim_ && value_dim <= value_dim_) return;
+  head_dim_ = std::max(head_dim, head_dim_);
+  value_dim_ = std::max(value_dim, value_dim_);
+  const int64_t d = head_dim_, dv = value_dim_;
+  // Every piece starts on a 64-byte boundary.
+  const auto padded = [](int64_t floats) { return (floats + 15) / 16 * 16; };
+  const int64_t sizes[] = {padded(d * kTileQ),  padded(kTileQ * d),      padded(kTileK * d),
+                           padded(kTileK * dv), padded(kTileK * kTileQ), padded(dv * kTileQ),
+                           padded(kTileQ),      padded(kTileQ),          padded(kTileQ),
+                           padded(kTileQ * dv), padded(kTileQ)};
+  int64_t total = 16;
+  for (int64_t size : sizes) total += size;
+  storage_.assign(total, 0.0f);
+  float* next = storage_.data();
+  next += (16 - (reinterpret_cast<uintptr_t>(next) / sizeof(float)) % 16) % 16;
+  float** pieces[] = {&q_t, &q_rows, &k, &v, &s, &o, &row_max, &row_sum, &alpha, &out, &lse};
+  for (size_t n = 0; n < std::size(pieces); ++n) {
+    *pieces[n] = next;
+    next += sizes[n];
+  }
+  bits_.assign(kTileQ + kTileK, 0);
+  allowed = bits_.data();
+}
+
+}  // namespace maskattn::detail::fused
+#endif  // HWY_ONCE

@@ -1,0 +1,75 @@
+// The fused kernel's unit of work: one block of queries of one (b, h) against a range of keys,
+// computed tile by tile with an online softmax (FlashAttention-2), never materialising more than
+// one kTileK × kTileQ block of scores. Compiled once per SIMD target (Highway) and dispatched at
+// run time; see fused_block.cc for the design.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/problem.h"
+#include "mask/block_map.h"
+#include "mask/tile_mask.h"
+
+namespace maskattn::detail::fused {
+
+inline constexpr int64_t kTileQ = 64;    // queries per block: one bit each in a partial-tile mask
+inline constexpr int64_t kTileK = 64;    // keys per tile
+inline constexpr int64_t kMaxRows = 32;  // rows of one attend_rows() call
+
+// One thread's working memory, f32. Kept across calls (thread_local in the driver) because the
+// first touch of a fresh page costs 11–16 µs on this VM.
+struct Scratch {
+  void reserve(int64_t head_dim, int64_t value_dim);
+
+  float* q_t = nullptr;         // [D][kTileQ]       scaled queries, transposed (tile kernel)
+  float* q_rows = nullptr;      // [kTileQ][D]       scaled query rows (row kernel)
+  float* k = nullptr;           // [kTileK][D]       keys converted to f32 when they are not
+  float* v = nullptr;           // [kTileK][Dv]      values likewise
+  float* s = nullptr;           // [kTileK][kTileQ]  scores, then weights
+  float* o = nullptr;           // [Dv][kTileQ]      unnormalised output (tile kernel, transposed)
+  float* row_max = nullptr;     // [kTileQ]
+  float* row_sum = nullptr;     // [kTileQ]
+  float* alpha = nullptr;       // [kTileQ]          rescale factor of the current tile
+  float* out = nullptr;         // [kTileQ][Dv]      normalised output rows of the block
+  float* lse = nullptr;         // [kTileQ]
+  uint64_t* allowed = nullptr;  // [kTileQ + kTileK] bit rows of a partial tile
+
+ private:
+  int64_t head_dim_ = -1, value_dim_ = -1;
+  std::vector<float> storage_;
+  std::vector<uint64_t> bits_;
+};
+
+// Read-only state shared by every block of one call.
+struct Context {
+  const Problem* problem = nullptr;
+  const BlockMap* blocks = nullptr;
+  const TileMaskBuilder* tile_masks = nullptr;
+  // [B, Hkv, k_tiles]: 1 when the V tile holds only finite values, so that a weight of 0 times a
+  // value is 0 and the fast P·V product may run over hidden keys.
+  const uint8_t* v_tile_finite = nullptr;
+  bool score_mods = false;  // softcap, ALiBi, bias, score_fn, threshold or additive masks present
+};
+
+// Queries [q_first, q_first + q_count) of (b, h), all in one kTileQ-aligned block (tile kernel),
+// or of the rows listed (row kernel); keys [k_first, k_end), k_first a multiple of kTileK.
+struct Block {
+  int64_t b = 0, h = 0, q_first = 0, q_count = 0;
+  int64_t k_first = 0, k_end = 0;
+  bool with_sink = true;  // false for a key chunk whose partial result is merged later
+};
+
+// Tile kernel (queries across SIMD lanes): results in scratch.out [q_count][Dv] (normalised, 0 for
+// rows without keys) and scratch.lse [q_count].
+void attend_block(const Context& context, const Block& block, Scratch& scratch);
+
+// Row kernel for a few queries (D across SIMD lanes, memory-bound decoding): rows are (head, query)
+// pairs of one batch entry that share kv head g (row_count ≤ kMaxRows); same outputs, one row each.
+struct Row {
+  int64_t h, i;
+};
+void attend_rows(const Context& context, int64_t b, const Row* rows, int64_t row_count,
+                 int64_t k_first, int64_t k_end, bool with_sink, Scratch& scratch);
+
+}  // namespace maskattn::detail::fused

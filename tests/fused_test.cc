@@ -1,0 +1,465 @@
+// The fused kernel against the f64 reference (DESIGN.md §5): a sweep over sizes around the tile
+// edges, head dims, GQA, every mask component, dtypes and layouts, with the rule "max error at most
+// 2× the error of a naive implementation in the same dtype, plus 1e-6"; and the bit-exact
+// properties: thread counts, block skipping on/off, split-key merging.
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "test_util.h"
+
+namespace maskattn {
+namespace {
+
+// A problem in f32 master copies; run() converts to the dtype under test.
+struct Problem {
+  int64_t B, Hq, Hkv, Lq, Lk, D, Dv;
+  std::vector<float> q, k, v;
+  Problem(int64_t b, int64_t hq, int64_t hkv, int64_t lq, int64_t lk, int64_t d, int64_t dv,
+          uint64_t seed, float spread = 1.0f)
+      : B(b),
+        Hq(hq),
+        Hkv(hkv),
+        Lq(lq),
+        Lk(lk),
+        D(d),
+        Dv(dv),
+        q(test::random_values(b * hq * lq * d, seed, -spread, spread)),
+        k(test::random_values(b * hkv * lk * d, seed + 1, -spread, spread)),
+        v(test::random_values(b * hkv * lk * dv, seed + 2)) {}
+  MaskShape shape() const { return {B, Hq, Lq, Lk}; }
+};
+
+// Values rounded to `dtype` and stored in that dtype's bits (16-bit types) or as f32.
+struct Buffer {
+  DType dtype;
+  std::vector<uint32_t> words;  // enough room for either width
+  Buffer(const std::vector<float>& values, DType type) : dtype(type), words(values.size()) {
+    for (size_t n = 0; n < values.size(); ++n) {
+      if (dtype == DType::f32) {
+        std::memcpy(&words[n], &values[n], 4);
+      } else {
+        const uint16_t bits = dtype == DType::f16 ? float16_from_float(values[n]).bits
+                                                  : bfloat16_from_float(values[n]).bits;
+        std::memcpy(reinterpret_cast<uint16_t*>(words.data()) + n, &bits, 2);
+      }
+    }
+  }
+  float at(size_t n) const {
+    if (dtype == DType::f32) {
+      float x;
+      std::memcpy(&x, &words[n], 4);
+      return x;
+    }
+    const uint16_t bits = reinterpret_cast<const uint16_t*>(words.data())[n];
+    return dtype == DType::f16 ? to_float(float16{bits}) : to_float(bfloat16{bits});
+  }
+  std::vector<float> floats(size_t count) const {
+    std::vector<float> out(count);
+    for (size_t n = 0; n < count; ++n) out[n] = at(n);
+    return out;
+  }
+};
+
+struct Result {
+  std::vector<float> out, lse;
+};
+
+Result run(const Problem& p, DType dtype, const Mask& mask, const ScoreMods& mods,
+           Options options) {
+  const Buffer q(p.q, dtype), k(p.k, dtype), v(p.v, dtype);
+  Buffer out(std::vector<float>(p.B * p.Hq * p.Lq * p.Dv, -7.0f), dtype);
+  Result result;
+  result.lse.assign(p.B * p.Hq * p.Lq, -7.0f);
+  attention(TensorView(q.words.data(), dtype, {p.B, p.Hq, p.Lq, p.D}),
+            TensorView(k.words.data(), dtype, {p.B, p.Hkv, p.Lk, p.D}),
+            TensorView(v.words.data(), dtype, {p.B, p.Hkv, p.Lk, p.Dv}),
+            MutableTensorView(out.words.data(), dtype, {p.B, p.Hq, p.Lq, p.Dv}), mask, mods,
+            options, MutableTensorView(result.lse.data(), {p.B, p.Hq, p.Lq}));
+  result.out = out.floats(p.B * p.Hq * p.Lq * p.Dv);
+  return result;
+}
+
+Result run_kernel(const Problem& p, DType dtype, const Mask& mask, const ScoreMods& mods,
+                  Kernel kernel, int threads = 0, bool skipping = true) {
+  Options options;
+  options.kernel = kernel;
+  options.threads = threads;
+  options.block_skipping = skipping;
+  return run(p, dtype, mask, mods, options);
+}
+
+// The naive implementation in the dtype under test: inputs rounded to the dtype, then plain f32
+// arithmetic (S, softmax with std::exp, P·V) over the mask's allowed pairs, output rounded once.
+std::vector<float> naive(const Problem& p, DType dtype, const Mask& mask) {
+  const std::vector<float> q = Buffer(p.q, dtype).floats(p.q.size());
+  const std::vector<float> k = Buffer(p.k, dtype).floats(p.k.size());
+  const std::vector<float> v = Buffer(p.v, dtype).floats(p.v.size());
+  const Array<uint8_t> allowed = allowed_pairs(mask, p.shape());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(p.D));
+  std::vector<float> out(p.B * p.Hq * p.Lq * p.Dv, 0.0f), s(p.Lk);
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t h = 0; h < p.Hq; ++h) {
+      const int64_t g = h / (p.Hq / p.Hkv);
+      for (int64_t i = 0; i < p.Lq; ++i) {
+        float max = -INFINITY;
+        for (int64_t j = 0; j < p.Lk; ++j) {
+          s[j] = -INFINITY;
+          if (!allowed.values()[((b * p.Hq + h) * p.Lq + i) * p.Lk + j]) continue;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < p.D; ++d) {
+            dot += q[((b * p.Hq + h) * p.Lq + i) * p.D + d] *
+                   k[((b * p.Hkv + g) * p.Lk + j) * p.D + d];
+          }
+          s[j] = scale * dot;
+          max = std::max(max, s[j]);
+        }
+        if (max == -INFINITY) continue;
+        float total = 0.0f;
+        for (float& x : s) total += (x = std::exp(x - max));
+        float* o = out.data() + ((b * p.Hq + h) * p.Lq + i) * p.Dv;
+        for (int64_t j = 0; j < p.Lk; ++j) {
+          for (int64_t e = 0; e < p.Dv; ++e)
+            o[e] += s[j] / total * v[((b * p.Hkv + g) * p.Lk + j) * p.Dv + e];
+        }
+      }
+    }
+  }
+  return Buffer(out, dtype).floats(out.size());
+}
+
+// Max |a − b|; infinite when only one side is NaN or the sizes differ (NaN must not hide).
+float max_error(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  float worst = 0.0f;
+  for (size_t n = 0; n < a.size(); ++n) {
+    if (std::isnan(a[n]) != std::isnan(b[n])) return INFINITY;
+    if (a[n] == b[n]) continue;  // equal infinities included
+    worst = std::max(worst, std::fabs(a[n] - b[n]));
+  }
+  return worst;
+}
+
+// The DESIGN.md §5 rule, on outputs and on the LSE.
+void expect_within_rule(const Problem& p, DType dtype, const Mask& mask, const std::string& what) {
+  const Result fused = run_kernel(p, dtype, mask, {}, Kernel::fused);
+  // The oracle: the f64 reference on the same (rounded) inputs, its output kept in f32.
+  Problem rounded = p;
+  rounded.q = Buffer(p.q, dtype).floats(p.q.size());
+  rounded.k = Buffer(p.k, dtype).floats(p.k.size());
+  rounded.v = Buffer(p.v, dtype).floats(p.v.size());
+  const Result exact = run_kernel(rounded, DType::f32, mask, {}, Kernel::reference);
+  const float naive_error = max_error(naive(p, dtype, mask), exact.out);
+  const float fused_error = max_error(fused.out, exact.out);
+  EXPECT_LE(fused_error, 2 * naive_error + 1e-6f)
+      << what << " dtype " << dtype_name(dtype) << ": fused " << fused_error << ", naive "
+      << naive_error;
+  for (size_t n = 0; n < fused.lse.size(); ++n) {
+    if (std::isinf(exact.lse[n])) {
+      ASSERT_EQ(fused.lse[n], exact.lse[n]) << what << " row " << n;
+    } else {
+      ASSERT_NEAR(fused.lse[n], exact.lse[n], 1e-5 * (1 + std::fabs(exact.lse[n]))) << what;
+    }
+  }
+}
+
+std::vector<std::pair<std::string, Mask>> masks_for(const Problem& p) {
+  std::vector<int64_t> seg_q, seg_k, ids, span_q, span_k;
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t i = 0; i < p.Lq; ++i) seg_q.push_back((i + p.Lk - p.Lq + b * 7) / 37);
+    for (int64_t i = 0; i < p.Lq; ++i) span_q.push_back((i + p.Lk - p.Lq) % 50 < 20 ? 1 : 0);
+    for (int64_t j = 0; j < p.Lk; ++j) seg_k.push_back((j + b * 7) / 37);
+    for (int64_t j = 0; j < p.Lk; ++j) span_k.push_back(j % 50 < 20 ? 1 : 0);
+    for (int64_t j = 0; j < p.Lk; ++j) ids.push_back(j % 13 == 12 ? 0 : 1);
+  }
+  std::vector<uint8_t> dense(p.Lq * p.Lk);
+  for (int64_t n = 0; n < p.Lq * p.Lk; ++n) dense[n] = (n * 2654435761u >> 7) % 5 != 0;
+  std::vector<float> additive(p.Lk);
+  for (int64_t j = 0; j < p.Lk; ++j) additive[j] = j % 9 == 0 ? -INFINITY : 0.0f;
+  return {
+      {"none", Mask()},
+      {"causal", Mask().causal()},
+      {"causal top-left", Mask().causal(Alignment::top_left)},
+      {"sliding window 70", Mask().sliding_window(70)},
+      {"window(30,10) & chunk(100)", Mask().window(30, 10).chunk(100)},
+      {"padding", Mask()
+                      .causal()
+                      .key_lengths(std::vector<int64_t>(p.B, p.Lk * 2 / 3))
+                      .query_lengths(std::vector<int64_t>(p.B, std::max<int64_t>(p.Lq - 5, 0)))},
+      {"left padding", Mask().causal().key_starts(std::vector<int64_t>(p.B, p.Lk / 4))},
+      {"token ids", Mask().key_pad_id(Array<int64_t>({p.B, p.Lk}, ids), 0)},
+      {"segments", Mask().causal().segments(Array<int64_t>({p.B, p.Lq}, seg_q),
+                                            Array<int64_t>({p.B, p.Lk}, seg_k))},
+      {"spans & prefix",
+       Mask()
+           .causal()
+           .spans(Array<int64_t>({p.B, p.Lq}, span_q), Array<int64_t>({p.B, p.Lk}, span_k))
+           .prefix_lm(9)},
+      {"dense keep", Mask().keep(Array<uint8_t>({p.Lq, p.Lk}, dense))},
+      {"additive -inf", Mask().additive(Array<float>({p.Lk}, additive))},
+      {"per head", Mask().causal(HeadSet{0}).sliding_window(40, HeadSet::range(1, p.Hq))},
+      {"predicate", Mask().predicate([](int64_t, int64_t h, int64_t i, int64_t j) {
+         return (i + 2 * j + h) % 7 != 3;
+       })},
+  };
+}
+
+TEST(FusedSweep, EveryMaskAcrossTileEdges) {
+  // Sizes 1, 2, 3, 17, 63, 64, 65, 127, 129; Lq ≠ Lk both ways; D and GQA vary with the case.
+  const std::vector<std::array<int64_t, 5>> shapes = {
+      // Lq, Lk, D, Hq, Hkv
+      {1, 129, 8, 2, 1},   {2, 65, 40, 8, 1},  {3, 3, 64, 2, 2},
+      {17, 63, 80, 2, 1},  {63, 64, 96, 2, 2}, {64, 17, 128, 8, 8},
+      {65, 127, 64, 2, 1}, {127, 65, 1, 2, 2}, {129, 129, 256, 2, 1},
+  };
+  uint64_t seed = 100;
+  for (const auto& [lq, lk, d, hq, hkv] : shapes) {
+    const Problem p(2, hq, hkv, lq, lk, d, d == 1 ? 3 : d, ++seed);
+    for (const auto& [name, mask] : masks_for(p)) {
+      expect_within_rule(p, DType::f32, mask,
+                         name + " Lq=" + std::to_string(lq) + " Lk=" + std::to_string(lk) +
+                             " D=" + std::to_string(d));
+    }
+  }
+}
+
+TEST(FusedSweep, HalfPrecisionInputs) {
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (const auto& [lq, lk] : {std::pair<int64_t, int64_t>{65, 130}, {5, 300}, {128, 64}}) {
+      const Problem p(1, 4, 2, lq, lk, 64, 64, lq + lk);
+      for (const auto& [name, mask] : masks_for(p)) {
+        expect_within_rule(p, dtype, mask, name + " Lq=" + std::to_string(lq));
+      }
+    }
+  }
+}
+
+TEST(FusedSweep, LongSequence) {
+  const Problem p(1, 2, 1, 1000, 1000, 64, 64, 7);
+  for (const Mask& mask : {Mask(), Mask().causal(), Mask().sliding_window(100)}) {
+    expect_within_rule(p, DType::f32, mask, "L=1000 " + mask.describe());
+  }
+}
+
+TEST(FusedModifiers, MatchTheReference) {
+  const Problem p(1, 4, 2, 70, 150, 32, 16, 77, 3.0f);
+  ScoreMods mods;
+  mods.softcap = 5.0;
+  mods.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+  mods.bias = Array<float>({70, 150}, test::random_values(70 * 150, 9));
+  mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  const Mask mask =
+      Mask().causal().additive(Array<float>({150}, test::random_values(150, 4, -2, 0)));
+  for (int64_t lq : {70, 3}) {  // tile kernel and row kernel
+    Problem q = p;
+    q.Lq = lq;
+    q.q.resize(q.B * q.Hq * lq * q.D);
+    ScoreMods m = mods;
+    m.bias = Array<float>({150}, test::random_values(150, 9));
+    for (ScoreMods variant : {m, [&] {
+                                ScoreMods t = m;
+                                t.threshold = -1.0;
+                                t.score_fn = [](double s, int64_t, int64_t h, int64_t i,
+                                                int64_t j) { return s + 0.01 * ((i + j + h) % 5); };
+                                return t;
+                              }()}) {
+      const Result fused = run_kernel(q, DType::f32, mask, variant, Kernel::fused);
+      const Result oracle = run_kernel(q, DType::f32, mask, variant, Kernel::reference);
+      EXPECT_LE(max_error(fused.out, oracle.out), 2e-5) << "Lq=" << lq;
+      EXPECT_LE(max_error(fused.lse, oracle.lse), 2e-5) << "Lq=" << lq;
+    }
+  }
+}
+
+TEST(FusedLayouts, StridedAndConvertedInputs) {
+  // K as [B, L, H, D] (inner stride 1, row stride H·D), V with padded rows, Q reversed along L.
+  const Problem p(2, 2, 2, 70, 90, 16, 8, 31);
+  const Result expected = run_kernel(p, DType::f32, Mask().causal(), {}, Kernel::reference);
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    const Buffer q(p.q, dtype), k(p.k, dtype), v(p.v, dtype);
+    // Re-lay K as BLHD and V with 3 elements of padding per row, in the same dtype.
+    const size_t width = dtype_size(dtype);
+    std::vector<uint8_t> k_blhd(p.k.size() * width), v_padded(2 * 2 * 90 * 11 * width);
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t g = 0; g < 2; ++g)
+        for (int64_t j = 0; j < 90; ++j) {
+          std::memcpy(k_blhd.data() + (((b * 90 + j) * 2 + g) * 16) * width,
+                      reinterpret_cast<const uint8_t*>(k.words.data()) +
+                          (((b * 2 + g) * 90 + j) * 16) * width,
+                      16 * width);
+          std::memcpy(v_padded.data() + (((b * 2 + g) * 90 + j) * 11) * width,
+                      reinterpret_cast<const uint8_t*>(v.words.data()) +
+                          (((b * 2 + g) * 90 + j) * 8) * width,
+                      8 * width);
+        }
+    Buffer out(std::vector<float>(2 * 2 * 70 * 8), dtype);
+    attention(TensorView(q.words.data(), dtype, {2, 2, 70, 16}),
+              TensorView(k_blhd.data(), dtype, {2, 2, 90, 16}, {90 * 2 * 16, 16, 2 * 16, 1}),
+              TensorView(v_padded.data(), dtype, {2, 2, 90, 8}, {2 * 90 * 11, 90 * 11, 11, 1}),
+              MutableTensorView(out.words.data(), dtype, {2, 2, 70, 8}), Mask().causal());
+    const float tolerance = dtype == DType::f32 ? 1e-5f : dtype == DType::f16 ? 4e-3f : 3e-2f;
+    EXPECT_LE(max_error(out.floats(2 * 2 * 70 * 8), expected.out), tolerance) << dtype_name(dtype);
+  }
+  // Non-unit inner strides: D read with stride 2.
+  std::vector<float> q2(p.q.size() * 2);
+  for (size_t n = 0; n < p.q.size(); ++n) q2[2 * n] = p.q[n];
+  std::vector<float> out(2 * 2 * 70 * 8);
+  attention(TensorView(q2.data(), {2, 2, 70, 16}, {2 * 70 * 32, 70 * 32, 32, 2}),
+            TensorView(p.k.data(), {2, 2, 90, 16}), TensorView(p.v.data(), {2, 2, 90, 8}),
+            MutableTensorView(out.data(), {2, 2, 70, 8}), Mask().causal());
+  EXPECT_LE(max_error(out, expected.out), 1e-5f);
+}
+
+TEST(FusedBitwise, OneAndTwoThreadsAgreeInEveryMode) {
+  const std::vector<Problem> problems = {
+      Problem(2, 4, 2, 200, 300, 64, 64, 1),  // tile kernel
+      Problem(2, 8, 2, 3, 700, 32, 32, 2),    // row kernel
+      Problem(1, 2, 1, 1, 20000, 16, 16, 3),  // row kernel with split keys
+  };
+  ScoreMods sinks;
+  for (const Problem& p : problems) {
+    sinks.sinks.assign(p.Hq, 0.25f);
+    for (const Mask& mask : {Mask().causal(), Mask().sliding_window(150).key_lengths(
+                                                  std::vector<int64_t>(p.B, p.Lk - 3))}) {
+      for (const ScoreMods& mods : {ScoreMods{}, sinks}) {
+        const Result one = run_kernel(p, DType::f32, mask, mods, Kernel::fused, 1);
+        const Result two = run_kernel(p, DType::f32, mask, mods, Kernel::fused, 2);
+        EXPECT_EQ(one.out, two.out) << "Lq=" << p.Lq << " Lk=" << p.Lk;
+        EXPECT_EQ(one.lse, two.lse);
+        const Result reference = run_kernel(p, DType::f32, mask, mods, Kernel::reference);
+        EXPECT_LE(max_error(one.out, reference.out), 1e-5f) << "Lq=" << p.Lq << " Lk=" << p.Lk;
+        EXPECT_LE(max_error(one.lse, reference.lse), 1e-4f) << "Lq=" << p.Lq << " Lk=" << p.Lk;
+      }
+    }
+  }
+}
+
+TEST(FusedBitwise, SkippedTilesAreExact) {
+  // Same bits with block skipping forced off (every tile visited with the element mask), including
+  // leading empty rows inside a tile (bottom-right causal with Lq > Lk, left padding).
+  const std::vector<Problem> problems = {Problem(1, 2, 1, 200, 150, 32, 32, 5),
+                                         Problem(1, 2, 2, 130, 260, 64, 16, 6)};
+  for (const Problem& p : problems) {
+    for (const auto& [name, mask] : masks_for(p)) {
+      const Result on = run_kernel(p, DType::f32, mask, {}, Kernel::fused, 0, true);
+      const Result off = run_kernel(p, DType::f32, mask, {}, Kernel::fused, 0, false);
+      EXPECT_EQ(on.out, off.out) << name;
+      EXPECT_EQ(on.lse, off.lse) << name;
+    }
+  }
+}
+
+TEST(FusedRows, FullyHiddenRowsAndNonFiniteHiddenValues) {
+  Problem p(1, 2, 1, 100, 80, 16, 16, 8);
+  for (int64_t e = 0; e < 16; ++e) p.v[70 * 16 + e] = NAN;  // key 70 is padding below
+  for (int64_t d = 0; d < 16; ++d) p.k[75 * 16 + d] = INFINITY;
+  for (const int64_t lq : {int64_t{100}, int64_t{4}}) {  // tile and row kernels
+    Problem q = p;
+    q.Lq = lq;
+    q.q.resize(2 * lq * 16);
+    const Result result =
+        run_kernel(q, DType::f32, Mask().causal().key_lengths({60}), {}, Kernel::fused);
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t i = 0; i < lq; ++i) {
+        const int64_t qpos = i + 80 - lq;
+        const size_t row = h * lq + i;
+        if (qpos < 0) {
+          EXPECT_EQ(result.lse[row], -INFINITY);
+          for (int64_t e = 0; e < 16; ++e) EXPECT_EQ(result.out[row * 16 + e], 0.0f);
+        } else {
+          EXPECT_TRUE(std::isfinite(result.lse[row])) << "row " << i;
+          for (int64_t e = 0; e < 16; ++e) EXPECT_TRUE(std::isfinite(result.out[row * 16 + e]));
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedRows, NanQueryPoisonsOnlyItsRow) {
+  Problem p(1, 1, 1, 100, 100, 8, 8, 9);
+  p.q[5 * 8] = NAN;
+  const Result result = run_kernel(p, DType::f32, Mask(), {}, Kernel::fused);
+  EXPECT_TRUE(std::isnan(result.out[5 * 8]));
+  EXPECT_TRUE(std::isnan(result.lse[5]));
+  EXPECT_TRUE(std::isfinite(result.out[4 * 8]));
+  EXPECT_TRUE(std::isfinite(result.out[6 * 8]));
+}
+
+TEST(FusedRows, EmptyKeysAndSinks) {
+  const Problem p(1, 2, 1, 70, 0, 8, 8, 10);
+  ScoreMods mods;
+  mods.sinks = {0.5f, -0.5f};
+  const Result result = run_kernel(p, DType::f32, Mask(), mods, Kernel::fused);
+  for (size_t n = 0; n < result.out.size(); ++n) EXPECT_EQ(result.out[n], 0.0f);
+  EXPECT_EQ(result.lse[0], 0.5f);
+  EXPECT_EQ(result.lse[70], -0.5f);
+}
+
+TEST(FusedGqa, EqualsRepeatedKvHeadsBitwise) {
+  for (const int64_t lq : {int64_t{100}, int64_t{2}}) {
+    const Problem grouped(1, 6, 2, lq, 90, 16, 16, 11);
+    Problem repeated(1, 6, 6, lq, 90, 16, 16, 11);
+    repeated.q = grouped.q;
+    for (int64_t h = 0; h < 6; ++h) {
+      std::copy_n(grouped.k.begin() + (h / 3) * 90 * 16, 90 * 16, repeated.k.begin() + h * 90 * 16);
+      std::copy_n(grouped.v.begin() + (h / 3) * 90 * 16, 90 * 16, repeated.v.begin() + h * 90 * 16);
+    }
+    EXPECT_EQ(run_kernel(grouped, DType::f32, Mask().causal(), {}, Kernel::fused).out,
+              run_kernel(repeated, DType::f32, Mask().causal(), {}, Kernel::fused).out);
+  }
+}
+
+TEST(MergePartials, SplittingKeysAndMergingEqualsTheWhole) {
+  const Problem p(1, 2, 1, 5, 100, 8, 8, 12);
+  const Result whole = run_kernel(p, DType::f32, Mask(), {}, Kernel::reference);
+  // Keys [0, 40) and [40, 100) as two separate calls.
+  Problem left = p, right = p;
+  left.Lk = 40;
+  right.Lk = 60;
+  left.k.assign(p.k.begin(), p.k.begin() + 40 * 8);
+  left.v.assign(p.v.begin(), p.v.begin() + 40 * 8);
+  right.k.assign(p.k.begin() + 40 * 8, p.k.end());
+  right.v.assign(p.v.begin() + 40 * 8, p.v.end());
+  const Result a = run_kernel(left, DType::f32, Mask(), {}, Kernel::reference);
+  const Result b = run_kernel(right, DType::f32, Mask(), {}, Kernel::reference);
+  std::vector<float> out(whole.out.size()), lse(whole.lse.size());
+  merge_partials({{TensorView(a.out.data(), {1, 2, 5, 8}), TensorView(a.lse.data(), {1, 2, 5})},
+                  {TensorView(b.out.data(), {1, 2, 5, 8}), TensorView(b.lse.data(), {1, 2, 5})}},
+                 MutableTensorView(out.data(), {1, 2, 5, 8}),
+                 MutableTensorView(lse.data(), {1, 2, 5}));
+  EXPECT_LE(max_error(out, whole.out), 1e-6f);
+  EXPECT_LE(max_error(lse, whole.lse), 1e-6f);
+}
+
+TEST(MergePartials, AnEmptyPartChangesNothing) {
+  const Problem p(1, 1, 1, 3, 10, 4, 4, 13);
+  const Result whole = run_kernel(p, DType::f32, Mask(), {}, Kernel::reference);
+  const std::vector<float> empty_out(3 * 4, 0.0f), empty_lse(3, -INFINITY);
+  std::vector<float> out(12), lse(3);
+  merge_partials(
+      {{TensorView(empty_out.data(), {1, 1, 3, 4}), TensorView(empty_lse.data(), {1, 1, 3})},
+       {TensorView(whole.out.data(), {1, 1, 3, 4}), TensorView(whole.lse.data(), {1, 1, 3})}},
+      MutableTensorView(out.data(), {1, 1, 3, 4}), MutableTensorView(lse.data(), {1, 1, 3}));
+  EXPECT_EQ(out, whole.out);
+  EXPECT_EQ(lse, whole.lse);
+  // Two empty parts: the row stays empty.
+  merge_partials(
+      {{TensorView(empty_out.data(), {1, 1, 3, 4}), TensorView(empty_lse.data(), {1, 1, 3})},
+       {TensorView(empty_out.data(), {1, 1, 3, 4}), TensorView(empty_lse.data(), {1, 1, 3})}},
+      MutableTensorView(out.data(), {1, 1, 3, 4}), MutableTensorView(lse.data(), {1, 1, 3}));
+  for (float x : out) EXPECT_EQ(x, 0.0f);
+  for (float x : lse) EXPECT_EQ(x, -INFINITY);
+}
+
+TEST(MergePartials, RejectsMismatchedParts) {
+  std::vector<float> a(12), l(3), out(12);
+  EXPECT_MASKATTN_ERROR(merge_partials({}, MutableTensorView(out.data(), {1, 1, 3, 4})),
+                        "merge_partials: no parts to merge");
+  EXPECT_MASKATTN_ERROR(
+      merge_partials({{TensorView(a.data(), {1, 1, 4, 3}), TensorView(l.data(), {1, 1, 3})}},
+                     MutableTensorView(out.data(), {1, 1, 3, 4})),
+      "part 0 out has shape [1,1,4,3] but out is [1,1,3,4]");
+}
+
+}  // namespace
+}  // namespace maskattn
