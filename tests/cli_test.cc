@@ -1,6 +1,7 @@
 // The maskattn command line, run as a separate process: outputs equal the library's, files keep
 // their layout and dtype, the text commands print what they promise.
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 
 #include "test_util.h"
@@ -229,6 +230,30 @@ TEST_F(CliAttend, ScaleAndKernelFlags) {
             TensorView(v_.data(), {B, H, L, D}), MutableTensorView(out.data(), {B, H, L, D}),
             Mask().window(1, 1), mods, options);
   EXPECT_EQ(read_npy(path("out.npy")).to_float32("out"), out);
+}
+
+TEST_F(CliAttend, RepeatPrintsOneTimingLineAndTheFusedKernelMatchesTheLibrary) {
+  const test::CliResult result =
+      run_cli(files() + " --mask causal --kernel fused --repeat 3 --threads 2");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  // "time_ms median=X min=Y max=Z" with three decimals, and nothing else.
+  double median = 0, low = 0, high = 0;
+  char tail = 0;
+  ASSERT_EQ(std::sscanf(result.err.c_str(), "time_ms median=%lf min=%lf max=%lf%c", &median, &low,
+                        &high, &tail),
+            4)
+      << result.err;
+  EXPECT_EQ(tail, '\n');
+  EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1);
+  EXPECT_LE(low, median);
+  EXPECT_LE(median, high);
+  std::vector<float> expected(q_.size());
+  Options options;
+  options.kernel = Kernel::fused;
+  attention(TensorView(q_.data(), {B, H, L, D}), TensorView(k_.data(), {B, H, L, D}),
+            TensorView(v_.data(), {B, H, L, D}), MutableTensorView(expected.data(), {B, H, L, D}),
+            Mask().causal(), {}, options);
+  EXPECT_EQ(read_npy(path("out.npy")).to_float32("out"), expected);
 }
 
 TEST_F(CliAttend, InvalidInputWritesNothing) {

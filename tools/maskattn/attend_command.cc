@@ -1,6 +1,10 @@
 // maskattn attend: O = attention(Q, K, V, mask) from .npy files. The flags are a fixed contract
 // (docs/cli.md): scripts depend on them.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <optional>
+#include <vector>
 
 #include "commands.h"
 #include "maskattn/attention.h"
@@ -90,11 +94,30 @@ int run_attend(const AttendArgs& args) {
   const std::string input_files = " (" + q.flag + " " + shape_string(q.file_shape) + ", " + k.flag +
                                   " " + shape_string(k.file_shape) + ", " + v.flag + " " +
                                   shape_string(v.file_shape) + ")";
-  try {
+  const auto compute = [&] {
     attention(q_buffer.view(), k_buffer.view(), v_buffer.view(), out.mutable_view(), mask, mods,
               options, lse ? lse->mutable_view() : MutableTensorView());
+  };
+  try {
+    compute();  // with --repeat, this is the warm-up
   } catch (const Error& error) {
     throw Error(error.what() + input_files);
+  }
+  if (args.repeat > 0) {
+    // Compute only: no file I/O, no conversions. Fixed format: scripts read this line.
+    std::vector<double> times;
+    for (int r = 0; r < args.repeat; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      compute();
+      times.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count());
+    }
+    std::sort(times.begin(), times.end());
+    const size_t n = times.size();
+    const double median = n % 2 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
+    std::fprintf(stderr, "time_ms median=%.3f min=%.3f max=%.3f\n", median, times.front(),
+                 times.back());
   }
 
   OutputFiles files;

@@ -17,6 +17,7 @@ struct AttendArgs {
   std::string dtype;         // "" = the files' dtype
   int threads = 0;
   std::string kernel = "auto";
+  int repeat = 0;  // > 0: one warm-up, then `repeat` timed runs, timing printed on stderr
 };
 int run_attend(const AttendArgs& args);
 

@@ -55,6 +55,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   attend_cmd->add_option("--kernel", attend.kernel, "auto|reference|fused")
       ->check(CLI::IsMember({"auto", "reference", "fused"}));
+  attend_cmd
+      ->add_option("--repeat", attend.repeat,
+                   "time the computation: 1 warm-up, then R runs; prints 'time_ms median=X min=Y "
+                   "max=Z' on stderr")
+      ->check(CLI::Range(1, 1000000));
   attend_cmd->footer(maskattn::mask_spec_help());
 
   app.add_subcommand("example", "the worked example of seed 001 (\"I love dog\"), step by step");

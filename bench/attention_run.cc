@@ -1,0 +1,64 @@
+// One benchmark case per process, so that its peak RSS is its own. Used by bench/compare.
+//   attention_run --lq 2048 --lk 2048 --mask causal --dtype f32 --threads 2 --repeat 5
+// prints one line of key=value pairs: median_ms, min_ms, max_ms, allowed_pairs, dense_pairs,
+// gflops_allowed, gflops_dense, peak_rss_mib, io_mib (inputs + outputs).
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "cases.h"
+
+int main(int argc, char** argv) {
+  using namespace maskattn;
+  bench::Case c;
+  std::string dtype = "f32", kernel = "fused";
+  int threads = 0, repeat = 5;
+  CLI::App app{"run one attention benchmark case"};
+  app.add_option("--batch", c.batch);
+  app.add_option("--heads", c.heads);
+  app.add_option("--kv-heads", c.kv_heads);
+  app.add_option("--lq", c.q_len);
+  app.add_option("--lk", c.k_len);
+  app.add_option("--dim", c.dim);
+  app.add_option("--mask", c.mask, "none | causal | window:W | padded");
+  app.add_option("--dtype", dtype)->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  app.add_option("--kernel", kernel)->check(CLI::IsMember({"fused", "reference"}));
+  app.add_option("--threads", threads);
+  app.add_option("--repeat", repeat)->check(CLI::Range(1, 1000));
+  CLI11_PARSE(app, argc, argv);
+  c.dtype = dtype == "f16" ? DType::f16 : dtype == "bf16" ? DType::bf16 : DType::f32;
+
+  try {
+    bench::Tensors tensors(c);
+    Options options;
+    options.threads = threads;
+    options.kernel = kernel == "reference" ? Kernel::reference : Kernel::fused;
+    tensors.run(options);  // warm-up: scratch allocated, pages touched
+    std::vector<double> ms;
+    for (int r = 0; r < repeat; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      tensors.run(options);
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                       .count());
+    }
+    std::sort(ms.begin(), ms.end());
+    const double median = ms[ms.size() / 2];
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    const double flops = bench::flops_per_pair(c);
+    std::printf(
+        "median_ms=%.3f min_ms=%.3f max_ms=%.3f allowed_pairs=%.0f dense_pairs=%.0f "
+        "gflops_allowed=%.1f gflops_dense=%.1f peak_rss_mib=%.1f io_mib=%.1f\n",
+        median, ms.front(), ms.back(), bench::allowed_pairs(c), bench::dense_pairs(c),
+        bench::allowed_pairs(c) * flops / median * 1e-6, bench::dense_pairs(c) * flops / median * 1e-6,
+        usage.ru_maxrss / 1024.0, tensors.bytes() / (1 << 20));
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "attention_run: %s\n", error.what());
+    return 1;
+  }
+  return 0;
+}

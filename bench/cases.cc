@@ -1,0 +1,98 @@
+#include "cases.h"
+
+#include <cstring>
+
+#include "maskattn/error.h"
+
+namespace maskattn::bench {
+
+std::vector<int64_t> padded_lengths(const Case& c) {
+  std::vector<int64_t> lengths(c.batch);
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const int64_t low = c.k_len / 4;
+    lengths[b] = c.batch == 1 ? c.k_len : low + (c.k_len - low) * b / (c.batch - 1);
+  }
+  return lengths;
+}
+
+Mask make_mask(const Case& c) {
+  if (c.mask == "none") return Mask();
+  if (c.mask == "causal") return Mask().causal();
+  if (c.mask.rfind("window:", 0) == 0) return Mask().sliding_window(std::stoll(c.mask.substr(7)));
+  if (c.mask == "padded") {
+    if (c.q_len != c.k_len) throw Error("padded benchmark needs Lq == Lk");
+    return Mask().key_lengths(padded_lengths(c)).query_lengths(padded_lengths(c));
+  }
+  throw Error("unknown benchmark mask '" + c.mask + "' (none, causal, window:W, padded)");
+}
+
+double allowed_pairs(const Case& c) {
+  double per_head = 0;
+  if (c.mask == "padded") {
+    for (int64_t length : padded_lengths(c)) per_head += static_cast<double>(length) * length;
+    return per_head * c.heads;
+  }
+  const int64_t window = c.mask.rfind("window:", 0) == 0 ? std::stoll(c.mask.substr(7)) : 0;
+  for (int64_t i = 0; i < c.q_len; ++i) {
+    const int64_t qpos = i + c.k_len - c.q_len;  // bottom-right
+    if (c.mask == "none") {
+      per_head += c.k_len;
+    } else if (c.mask == "causal") {
+      per_head += std::max<int64_t>(0, std::min(qpos + 1, c.k_len));
+    } else {
+      per_head += std::max<int64_t>(0, std::min(qpos + 1, window));
+    }
+  }
+  return per_head * c.batch * c.heads;
+}
+
+double dense_pairs(const Case& c) {
+  return static_cast<double>(c.batch) * c.heads * c.q_len * c.k_len;
+}
+
+double flops_per_pair(const Case& c) { return 2.0 * (c.dim + c.dim); }
+
+namespace {
+
+std::vector<uint16_t> filled(int64_t count, DType dtype, uint64_t seed) {
+  const int64_t words = dtype == DType::f32 ? 2 * count : count;
+  std::vector<uint16_t> data(words);
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t n = 0; n < count; ++n) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    const float x = static_cast<float>(static_cast<double>(state >> 11) * 0x1p-52 - 1.0);
+    if (dtype == DType::f32) {
+      std::memcpy(data.data() + 2 * n, &x, 4);
+    } else {
+      data[n] = dtype == DType::f16 ? float16_from_float(x).bits : bfloat16_from_float(x).bits;
+    }
+  }
+  return data;
+}
+
+}  // namespace
+
+Tensors::Tensors(const Case& c)
+    : case_(c),
+      mask_(make_mask(c)),
+      q_(filled(c.batch * c.heads * c.q_len * c.dim, c.dtype, 1)),
+      k_(filled(c.batch * c.kv_heads * c.k_len * c.dim, c.dtype, 2)),
+      v_(filled(c.batch * c.kv_heads * c.k_len * c.dim, c.dtype, 3)),
+      out_(filled(c.batch * c.heads * c.q_len * c.dim, c.dtype, 4)) {}
+
+void Tensors::run(const Options& options) {
+  const Case& c = case_;
+  attention(TensorView(q_.data(), c.dtype, {c.batch, c.heads, c.q_len, c.dim}),
+            TensorView(k_.data(), c.dtype, {c.batch, c.kv_heads, c.k_len, c.dim}),
+            TensorView(v_.data(), c.dtype, {c.batch, c.kv_heads, c.k_len, c.dim}),
+            MutableTensorView(out_.data(), c.dtype, {c.batch, c.heads, c.q_len, c.dim}), mask_, {},
+            options);
+}
+
+double Tensors::bytes() const {
+  return 2.0 * (q_.size() + k_.size() + v_.size() + out_.size());
+}
+
+}  // namespace maskattn::bench
