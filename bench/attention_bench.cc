@@ -17,12 +17,12 @@ void run_case(benchmark::State& state, Case c) {
   tensors.run(options);  // warm-up
   for (auto _ : state) tensors.run(options);
   const double per_pair = maskattn::bench::flops_per_pair(c);
-  state.counters["GF/s_allowed"] = benchmark::Counter(
-      maskattn::bench::allowed_pairs(c) * per_pair, benchmark::Counter::kIsIterationInvariantRate,
-      benchmark::Counter::kIs1000);
-  state.counters["GF/s_dense"] = benchmark::Counter(
-      maskattn::bench::dense_pairs(c) * per_pair, benchmark::Counter::kIsIterationInvariantRate,
-      benchmark::Counter::kIs1000);
+  state.counters["GF/s_allowed"] = benchmark::Counter(maskattn::bench::allowed_pairs(c) * per_pair,
+                                                      benchmark::Counter::kIsIterationInvariantRate,
+                                                      benchmark::Counter::kIs1000);
+  state.counters["GF/s_dense"] = benchmark::Counter(maskattn::bench::dense_pairs(c) * per_pair,
+                                                    benchmark::Counter::kIsIterationInvariantRate,
+                                                    benchmark::Counter::kIs1000);
 }
 
 Case make(int64_t n, const char* mask, DType dtype = DType::f32) {

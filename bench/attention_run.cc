@@ -42,8 +42,9 @@ int main(int argc, char** argv) {
     for (int r = 0; r < repeat; ++r) {
       const auto start = std::chrono::steady_clock::now();
       tensors.run(options);
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                       .count());
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count());
     }
     std::sort(ms.begin(), ms.end());
     const double median = ms[ms.size() / 2];
@@ -54,8 +55,9 @@ int main(int argc, char** argv) {
         "median_ms=%.3f min_ms=%.3f max_ms=%.3f allowed_pairs=%.0f dense_pairs=%.0f "
         "gflops_allowed=%.1f gflops_dense=%.1f peak_rss_mib=%.1f io_mib=%.1f\n",
         median, ms.front(), ms.back(), bench::allowed_pairs(c), bench::dense_pairs(c),
-        bench::allowed_pairs(c) * flops / median * 1e-6, bench::dense_pairs(c) * flops / median * 1e-6,
-        usage.ru_maxrss / 1024.0, tensors.bytes() / (1 << 20));
+        bench::allowed_pairs(c) * flops / median * 1e-6,
+        bench::dense_pairs(c) * flops / median * 1e-6, usage.ru_maxrss / 1024.0,
+        tensors.bytes() / (1 << 20));
   } catch (const std::exception& error) {
     std::fprintf(stderr, "attention_run: %s\n", error.what());
     return 1;

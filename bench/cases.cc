@@ -50,7 +50,9 @@ double dense_pairs(const Case& c) {
   return static_cast<double>(c.batch) * c.heads * c.q_len * c.k_len;
 }
 
-double flops_per_pair(const Case& c) { return 2.0 * (c.dim + c.dim); }
+double flops_per_pair(const Case& c) {
+  return 2.0 * (c.dim + c.dim);
+}
 
 namespace {
 

@@ -34,8 +34,12 @@ float FmaLoop(int64_t iterations, float seed) {
   return hn::GetLane(sum);
 }
 
-size_t Lanes() { return hn::Lanes(hn::ScalableTag<float>()); }
-const char* Target() { return hwy::TargetName(HWY_TARGET); }
+size_t Lanes() {
+  return hn::Lanes(hn::ScalableTag<float>());
+}
+const char* Target() {
+  return hwy::TargetName(HWY_TARGET);
+}
 
 }  // namespace HWY_NAMESPACE
 }  // namespace fma_peak
@@ -52,7 +56,8 @@ int main() {
   constexpr int64_t kIterations = 20'000'000;
   const size_t lanes = HWY_DYNAMIC_DISPATCH(fma_peak::Lanes)();
   const int max_threads = omp_get_max_threads();
-  for (int threads = 1; threads <= max_threads; threads = threads == max_threads ? threads + 1 : std::min(threads * 2, max_threads)) {
+  for (int threads = 1; threads <= max_threads;
+       threads = threads == max_threads ? threads + 1 : std::min(threads * 2, max_threads)) {
     double best = 0;
     for (int trial = 0; trial < 5; ++trial) {
       std::vector<float> sink(threads);

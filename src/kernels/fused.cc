@@ -41,31 +41,21 @@ struct Item {
   int64_t partial = -1;  // row mode with split keys: index of the partial-result slot
 };
 
-// Per (b, kv head, key tile): 1 when every value in the tile is finite (see Context).
-std::vector<uint8_t> finite_value_tiles(const Problem& p) {
-  const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
-  std::vector<uint8_t> finite(p.batch * p.kv_heads * k_tiles, 1);
-  const TensorView& v = p.v;
-  for (int64_t b = 0; b < p.batch; ++b) {
-    for (int64_t g = 0; g < p.kv_heads; ++g) {
-      for (int64_t j = 0; j < p.k_len; ++j) {
-        bool row_finite = true;
-        const int64_t offset = v.offset({b, g, j, 0});
-        for (int64_t e = 0; e < p.value_dim; ++e) {
-          row_finite &= std::isfinite(load_float(v, offset + e * v.stride(3)));
-        }
-        if (!row_finite) finite[(b * p.kv_heads + g) * k_tiles + j / kTileK] = 0;
-      }
-    }
-  }
-  return finite;
+// A vector of the calling thread kept across calls: a fresh allocation of this size would be a
+// fresh mmap and page faults. (A reference to it is what parallel regions must capture: naming a
+// thread_local inside them would reach each worker's own, empty, instance.)
+template <typename T>
+std::vector<T>& reused() {
+  thread_local std::vector<T> storage;
+  return storage;
 }
 
 // Runs body(index) for every item, longest first, on OpenMP threads; rethrows the first exception
 // (from a user predicate or score_fn) on the calling thread.
 template <typename Body>
 void run_items(const std::vector<Item>& items, int requested_threads, Body&& body) {
-  std::vector<int64_t> order(items.size());
+  std::vector<int64_t>& order = reused<int64_t>();
+  order.resize(items.size());
   for (size_t n = 0; n < order.size(); ++n) order[n] = static_cast<int64_t>(n);
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return items[a].cost > items[b].cost; });
@@ -90,10 +80,25 @@ void run_items(const std::vector<Item>& items, int requested_threads, Body&& bod
 
 }  // namespace
 
-void forward(const Problem& p, const MutableTensorView& out, const MutableTensorView& lse,
+void forward(const Problem& problem, const MutableTensorView& out, const MutableTensorView& lse,
              bool block_skipping) {
-  if (p.batch * p.q_heads * p.q_len == 0) return;
+  if (problem.batch * problem.q_heads * problem.q_len == 0) return;
   if (out.numel() == 0 && lse.is_null()) return;
+  const bool row_mode = problem.q_len <= kRowModeQueries;
+  // The tile kernel reads every key and value tile once per query block: f16/bf16 or strided K/V
+  // are converted to contiguous f32 once per call instead (into a buffer this thread keeps).
+  Problem p = problem;
+  const bool convert =
+      !row_mode && (p.k.dtype() != DType::f32 || p.k.stride(3) != 1 || p.v.stride(3) != 1);
+  if (convert) {
+    std::vector<float>& kv = reused<float>();
+    const int64_t keys = p.k.size(0) * p.k.size(1) * p.k_len;
+    kv.resize(keys * (p.head_dim + p.value_dim));
+    convert_to_f32(p.k, kv.data(), p.threads);
+    convert_to_f32(p.v, kv.data() + keys * p.head_dim, p.threads);
+    p.k = TensorView(kv.data(), {p.batch, p.kv_heads, p.k_len, p.head_dim});
+    p.v = TensorView(kv.data() + keys * p.head_dim, {p.batch, p.kv_heads, p.k_len, p.value_dim});
+  }
   const BlockMap blocks(*p.mask, kTileQ, kTileK, block_skipping);
   const TileMaskBuilder tile_masks(*p.mask);
   const ResolvedMods& mods = *p.mods;
@@ -103,15 +108,16 @@ void forward(const Problem& p, const MutableTensorView& out, const MutableTensor
   context.tile_masks = &tile_masks;
   context.score_mods = mods.softcap || mods.alibi_slopes != nullptr || mods.bias != nullptr ||
                        mods.score_fn != nullptr || mods.threshold || p.mask->has_additive();
-  const bool row_mode = p.q_len <= kRowModeQueries;
   std::vector<uint8_t> v_finite;
   if (!row_mode) {
-    v_finite = finite_value_tiles(p);
+    v_finite.resize(p.batch * p.kv_heads * blocks.k_tiles());
+    mark_finite_value_tiles(p, v_finite.data());
     context.v_tile_finite = v_finite.data();
   }
 
   // ---- plan ----
-  std::vector<Item> items;
+  std::vector<Item>& items = reused<Item>();
+  items.clear();
   const int64_t group = p.kv_heads > 0 ? p.q_heads / p.kv_heads : 0;
   // Row mode: the rows (h, i) of one (b, g), in order; batches of kMaxRows.
   std::vector<Row> rows;
@@ -121,7 +127,6 @@ void forward(const Problem& p, const MutableTensorView& out, const MutableTensor
     }
   }
   const int64_t row_batches = (static_cast<int64_t>(rows.size()) + kMaxRows - 1) / kMaxRows;
-  const int64_t k_tiles = blocks.k_tiles();
   int64_t chunks = 1;
   if (row_mode && p.batch * p.kv_heads * row_batches < kSplitBelowItems &&
       p.k_len > 2 * kChunkKeys) {
@@ -137,8 +142,8 @@ void forward(const Problem& p, const MutableTensorView& out, const MutableTensor
           item.q_first = qt * kTileQ;
           item.q_count = std::min(kTileQ, p.q_len - item.q_first);
           item.k_end = p.k_len;
-          for (int64_t kt = 0; kt < k_tiles; ++kt)
-            item.cost += blocks.kind(b, h, qt, kt) != TileKind::empty;
+          const BlockMap::TileRange band = blocks.k_tile_range(b, h, qt);
+          item.cost = band.end - band.first;  // tiles visited, at most
           items.push_back(item);
         }
       }
@@ -172,9 +177,7 @@ void forward(const Problem& p, const MutableTensorView& out, const MutableTensor
     partial_lse.resize(items.size() * kMaxRows);
   }
   const auto write = [&](int64_t b, int64_t h, int64_t i, const float* values, float row_lse) {
-    const int64_t offset = out.offset({b, h, i, 0});
-    for (int64_t e = 0; e < p.value_dim; ++e)
-      store_float(out, offset + e * out.stride(3), values[e]);
+    store_row(out, out.offset({b, h, i, 0}), out.stride(3), values, p.value_dim);
     if (!lse.is_null()) static_cast<float*>(lse.mutable_data())[lse.offset({b, h, i, 0})] = row_lse;
   };
 

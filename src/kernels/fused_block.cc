@@ -30,8 +30,11 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/element.h"
 #include "kernels/fused_block.h"
@@ -92,6 +95,78 @@ const float* TileRows(const TensorView& t, int64_t b, int64_t g, int64_t j0, int
     LoadRow(t, t.offset({b, g, j0 + r, 0}), t.stride(3), width, buffer + r * width);
   }
   return buffer;
+}
+
+void ConvertToF32(const TensorView& t, float* out, int threads) {
+  const int64_t rows = t.size(0) * t.size(1) * t.size(2), width = t.size(3);
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads())
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t l = row % t.size(2), h = (row / t.size(2)) % t.size(1);
+    const int64_t b = row / (t.size(2) * t.size(1));
+    LoadRow(t, t.offset({b, h, l, 0}), t.stride(3), width, out + row * width);
+  }
+}
+
+void MarkFiniteValueTiles(const Problem& p, uint8_t* flags) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
+  const TensorView& v = p.v;
+  const bool contiguous_f32 = v.dtype() == DType::f32 && v.stride(3) == 1;
+  const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t g = 0; g < p.kv_heads; ++g) {
+      std::vector<float> row(contiguous_f32 ? 0 : p.value_dim);
+      for (int64_t t = 0; t < k_tiles; ++t) {
+        // x − x is 0 for finite x and NaN for ±inf and NaN: one test for all three.
+        auto bad = hn::Zero(df);
+        bool all_finite = true;
+        for (int64_t j = t * kTileK; j < std::min(p.k_len, (t + 1) * kTileK); ++j) {
+          const float* values = contiguous_f32
+                                    ? static_cast<const float*>(v.data()) + v.offset({b, g, j, 0})
+                                    : row.data();
+          if (!contiguous_f32)
+            LoadRow(v, v.offset({b, g, j, 0}), v.stride(3), p.value_dim, row.data());
+          int64_t e = 0;
+          for (; e + N <= p.value_dim; e += N) {
+            const VF x = hn::LoadU(df, values + e);
+            bad = hn::Or(bad, hn::Sub(x, x));
+          }
+          for (; e < p.value_dim; ++e) all_finite &= std::isfinite(values[e]);
+        }
+        all_finite &= hn::AllFalse(df, hn::IsNaN(bad));
+        flags[(b * p.kv_heads + g) * k_tiles + t] = all_finite;
+      }
+    }
+  }
+}
+
+void StoreRow(const MutableTensorView& t, int64_t offset, int64_t stride, const float* values,
+              int64_t count) {
+  if (stride == 1) {
+    const DF df;
+    const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+    int64_t e = 0;
+    switch (t.dtype()) {
+      case DType::f32:
+        std::memcpy(static_cast<float*>(t.mutable_data()) + offset, values, count * sizeof(float));
+        return;
+      case DType::f16: {
+        // F16C conversion rounds to nearest even, like float16_from_float.
+        const hn::Rebind<hwy::float16_t, DF> dh;
+        auto* out = reinterpret_cast<hwy::float16_t*>(t.mutable_data()) + offset;
+        for (; e + N <= count; e += N)
+          hn::StoreU(hn::DemoteTo(dh, hn::LoadU(df, values + e)), dh, out + e);
+        break;
+      }
+      case DType::bf16:
+        break;  // Highway 1.0.3's bf16 DemoteTo truncates: round with our own conversion below
+    }
+    for (; e < count; ++e) store_float(t, offset + e, values[e]);
+    return;
+  }
+  for (int64_t e = 0; e < count; ++e) store_float(t, offset + e * stride, values[e]);
 }
 
 // ---- tile kernel: products ------------------------------------------------------------------
@@ -346,7 +421,9 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
   std::memset(scratch.o, 0, value_dim * kTileQ * sizeof(float));
   const bool additive = p.mask->has_additive();
 
-  for (int64_t k_tile = blk.k_first / kTileK; k_tile * kTileK < blk.k_end; ++k_tile) {
+  const BlockMap::TileRange band = c.blocks->k_tile_range(blk.b, blk.h, q_tile);
+  const int64_t k_tile_end = std::min(band.end, (blk.k_end + kTileK - 1) / kTileK);
+  for (int64_t k_tile = std::max(band.first, blk.k_first / kTileK); k_tile < k_tile_end; ++k_tile) {
     const TileKind kind = c.blocks->kind(blk.b, blk.h, q_tile, k_tile);
     if (kind == TileKind::empty) continue;
     const int64_t j0 = k_tile * kTileK;
@@ -429,7 +506,14 @@ void AttendRows(const Context& c, int64_t b, const Row* rows_in, int64_t row_cou
   const DF df;
   const size_t N = hn::Lanes(df);
 
-  for (int64_t k_tile = k_first / kTileK; k_tile * kTileK < k_end; ++k_tile) {
+  // The union of the rows' bands.
+  BlockMap::TileRange band{INT64_MAX, 0};
+  for (int64_t r = 0; r < row_count; ++r) {
+    const BlockMap::TileRange row = c.blocks->k_tile_range(b, rows_in[r].h, rows_in[r].i / kTileQ);
+    if (row.first < row.end) band = {std::min(band.first, row.first), std::max(band.end, row.end)};
+  }
+  const int64_t k_tile_end = std::min(band.end, (k_end + kTileK - 1) / kTileK);
+  for (int64_t k_tile = std::max(band.first, k_first / kTileK); k_tile < k_tile_end; ++k_tile) {
     const int64_t j0 = k_tile * kTileK;
     const int64_t count = std::min(kTileK, k_end - j0);
     TileKind kinds[kMaxRows];
@@ -539,6 +623,22 @@ namespace maskattn::detail::fused {
 
 HWY_EXPORT(AttendBlock);
 HWY_EXPORT(AttendRows);
+HWY_EXPORT(MarkFiniteValueTiles);
+HWY_EXPORT(ConvertToF32);
+
+void convert_to_f32(const TensorView& t, float* out, int threads) {
+  HWY_DYNAMIC_DISPATCH(ConvertToF32)(t, out, threads);
+}
+HWY_EXPORT(StoreRow);
+
+void mark_finite_value_tiles(const Problem& problem, uint8_t* flags) {
+  HWY_DYNAMIC_DISPATCH(MarkFiniteValueTiles)(problem, flags);
+}
+
+void store_row(const MutableTensorView& t, int64_t offset, int64_t stride, const float* values,
+               int64_t count) {
+  HWY_DYNAMIC_DISPATCH(StoreRow)(t, offset, stride, values, count);
+}
 
 void attend_block(const Context& context, const Block& block, Scratch& scratch) {
   HWY_DYNAMIC_DISPATCH(AttendBlock)(context, block, scratch);

@@ -60,6 +60,19 @@ struct Block {
   bool with_sink = true;  // false for a key chunk whose partial result is merged later
 };
 
+// All rows of a [B, H, L, W] view (any dtype, any strides) as contiguous f32 in `out`, on
+// `threads` threads (0 = all).
+void convert_to_f32(const TensorView& t, float* out, int threads);
+
+// Per (b, kv head, key tile) of V: 1 when every value in the tile is finite. `flags` holds
+// B·Hkv·⌈Lk/kTileK⌉ entries.
+void mark_finite_value_tiles(const Problem& problem, uint8_t* flags);
+
+// Writes `count` f32 values to a view of any dtype, `stride` elements apart, rounding to nearest
+// even (vectorised for contiguous rows).
+void store_row(const MutableTensorView& t, int64_t offset, int64_t stride, const float* values,
+               int64_t count);
+
 // Tile kernel (queries across SIMD lanes): results in scratch.out [q_count][Dv] (normalised, 0 for
 // rows without keys) and scratch.lse [q_count].
 void attend_block(const Context& context, const Block& block, Scratch& scratch);

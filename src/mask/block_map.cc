@@ -199,6 +199,40 @@ TileKind BlockMap::order_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_e
   return kind;
 }
 
+BlockMap::TileRange BlockMap::k_tile_range(int64_t b, int64_t h, int64_t q_tile) const {
+  TileRange range{0, k_tiles_};
+  if (!skipping_) return range;
+  const MaskShape& shape = mask_.shape();
+  // Keys [lo, hi] (indices) that some query of the tile may see; narrowed component by component.
+  int64_t lo = 0, hi = shape.k_len - 1;
+  for (const component::Padding* padding : mask_.key_padding_) {
+    if (padding->form == Form::lengths) hi = std::min(hi, padding->values.values()[b] - 1);
+    if (padding->form == Form::starts) lo = std::max(lo, padding->values.values()[b]);
+  }
+  const int64_t q_first = q_tile * tile_q_;
+  const int64_t q_last = std::min(shape.q_len, q_first + tile_q_) - 1;
+  const int64_t qpos_lo = mask_.qpos(b, q_first), qpos_hi = mask_.qpos(b, q_last);
+  const int64_t to_index = -mask_.kpos(b, 0);  // key index = kpos + to_index
+  bool relaxed = false;  // spans or prefix-LM may allow pairs outside the windows
+  for (const component::Spans* spans : mask_.spans_) relaxed |= spans->heads.contains(h);
+  for (const component::Prefix* prefix : mask_.prefixes_) relaxed |= prefix->heads.contains(h);
+  if (!relaxed) {
+    for (const component::Window* window : mask_.windows_) {
+      if (!window->heads.contains(h)) continue;
+      // qpos − left ≤ kpos ≤ qpos + right for some qpos in [qpos_lo, qpos_hi].
+      lo = std::max(lo, saturating_add(saturating_add(qpos_lo, -window->left), to_index));
+      hi = std::min(hi, saturating_add(saturating_add(qpos_hi, window->right), to_index));
+    }
+  }
+  for (const component::Chunk* chunk : mask_.chunks_) {
+    if (!chunk->heads.contains(h)) continue;
+    lo = std::max(lo, floor_div(qpos_lo, chunk->size) * chunk->size + to_index);
+    hi = std::min(hi, (floor_div(qpos_hi, chunk->size) + 1) * chunk->size - 1 + to_index);
+  }
+  if (hi < lo) return {0, 0};
+  return {lo / tile_k_, hi / tile_k_ + 1};
+}
+
 TileKind BlockMap::kind(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const {
   if (!skipping_) return TileKind::partial;
   const MaskShape& shape = mask_.shape();

@@ -27,6 +27,13 @@ class BlockMap {
 
   TileKind kind(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const;
 
+  // Key tiles [first, end) outside which every block of this query tile is empty, from the
+  // structured components in O(1): a causal or windowed query tile visits only its band.
+  struct TileRange {
+    int64_t first, end;
+  };
+  TileRange k_tile_range(int64_t b, int64_t h, int64_t q_tile) const;
+
   struct Range {
     int64_t lo, hi;  // inclusive
   };

@@ -20,6 +20,13 @@ inline int64_t floor_div(int64_t a, int64_t b) {
   return (a % b != 0 && a < 0) ? quotient - 1 : quotient;
 }
 
+// a + b, clamped to the int64 range (unbounded window sides are INT64_MAX).
+inline int64_t saturating_add(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum)) return b > 0 ? INT64_MAX : INT64_MIN;
+  return sum;
+}
+
 class ResolvedMask {
  public:
   // Throws Error when a component does not fit the shape (batch size, lengths, heads, broadcast).

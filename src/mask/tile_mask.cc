@@ -12,12 +12,6 @@ uint64_t low_bits(int64_t count) {
   return count >= 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1;
 }
 
-int64_t saturating_add(int64_t a, int64_t b) {
-  int64_t sum = 0;
-  if (__builtin_add_overflow(a, b, &sum)) return b > 0 ? INT64_MAX : INT64_MIN;
-  return sum;
-}
-
 }  // namespace
 
 TileMaskBuilder::TileMaskBuilder(const ResolvedMask& mask)
