@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 
+#include "kernels/fused_block.h"
 #include "test_util.h"
 
 namespace maskattn {
@@ -406,6 +407,62 @@ TEST(FusedGqa, EqualsRepeatedKvHeadsBitwise) {
     }
     EXPECT_EQ(run_kernel(grouped, DType::f32, Mask().causal(), {}, Kernel::fused).out,
               run_kernel(repeated, DType::f32, Mask().causal(), {}, Kernel::fused).out);
+  }
+}
+
+TEST(FusedExp, WithinThreeTenthsOfAMillionthOverTheSoftmaxRange) {
+  // Every argument the online softmax can produce: (−∞, 0], densely near 0 and across the range
+  // where results are normal floats; −inf must give exactly 0.
+  std::vector<float> in;
+  for (int n = 0; n < 64 * 4096; ++n) in.push_back(-static_cast<float>(n) * (88.0f / (64 * 4096)));
+  in.back() = -INFINITY;
+  std::vector<float> out(in.size());
+  detail::fused::exp_non_positive(in.data(), static_cast<int64_t>(in.size()), out.data());
+  double worst = 0;
+  for (size_t n = 0; n + 1 < in.size(); ++n) {
+    const double exact = std::exp(static_cast<double>(in[n]));
+    if (exact < 1e-37) continue;  // below the normal range: flushed, by design
+    worst = std::max(worst, std::fabs(out[n] - exact) / exact);
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_EQ(out.back(), 0.0f);
+  EXPECT_EQ(out[0], 1.0f);
+}
+
+TEST(FusedStore, VectorRoundingEqualsTheScalarConversions) {
+  // Ties, overflow, subnormals, signed zeros, infinities and NaN, then a sweep of random floats.
+  std::vector<float> values = {1.0f + 0x1p-8f,
+                               1.0f + 3 * 0x1p-8f,
+                               1.0f + 0x1p-11f,
+                               65519.0f,
+                               65520.0f,
+                               3.4e38f,
+                               0x1p-130f,
+                               0x1p-25f,
+                               -0.0f,
+                               INFINITY,
+                               -INFINITY,
+                               NAN,
+                               1.0068359375f,
+                               -1e9f,
+                               0.1f,
+                               -2.5f};
+  for (float x : test::random_values(1000, 3, -1e5f, 1e5f)) values.push_back(x);
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    std::vector<uint16_t> out(values.size());
+    detail::fused::store_row(
+        MutableTensorView(out.data(), dtype, {static_cast<int64_t>(out.size())}), 0, 1,
+        values.data(), static_cast<int64_t>(values.size()));
+    for (size_t n = 0; n < values.size(); ++n) {
+      const uint16_t expected = dtype == DType::f16 ? float16_from_float(values[n]).bits
+                                                    : bfloat16_from_float(values[n]).bits;
+      if (std::isnan(values[n])) {
+        EXPECT_TRUE(std::isnan(dtype == DType::f16 ? to_float(float16{out[n]})
+                                                   : to_float(bfloat16{out[n]})));
+      } else {
+        EXPECT_EQ(out[n], expected) << dtype_name(dtype) << " " << values[n];
+      }
+    }
   }
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/element.h"
+#include "kernels/bf16_dot.h"
 #include "kernels/fused_block.h"
 #include "kernels/merge.h"
 
@@ -88,8 +89,11 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   // The tile kernel reads every key and value tile once per query block: f16/bf16 or strided K/V
   // are converted to contiguous f32 once per call instead (into a buffer this thread keeps).
   Problem p = problem;
-  const bool convert =
-      !row_mode && (p.k.dtype() != DType::f32 || p.k.stride(3) != 1 || p.v.stride(3) != 1);
+  const bool bf16_dot = !row_mode && p.q.dtype() == DType::bf16 && p.head_dim % 2 == 0 &&
+                        p.q.stride(3) == 1 && p.k.stride(3) == 1 && p.v.stride(3) == 1 &&
+                        bf16_dot_available();
+  const bool convert = !row_mode && !bf16_dot &&
+                       (p.k.dtype() != DType::f32 || p.k.stride(3) != 1 || p.v.stride(3) != 1);
   if (convert) {
     std::vector<float>& kv = reused<float>();
     const int64_t keys = p.k.size(0) * p.k.size(1) * p.k_len;
@@ -106,6 +110,23 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   context.problem = &p;
   context.blocks = &blocks;
   context.tile_masks = &tile_masks;
+  context.bf16_dot = bf16_dot;
+  if (bf16_dot) {
+    // Pair up value rows once for all query blocks (bf16_dot.h layouts).
+    std::vector<uint32_t>& pairs = reused<uint32_t>();
+    const int64_t pair_rows = (p.k_len + 1) / 2;
+    pairs.resize(p.batch * p.kv_heads * pair_rows * p.value_dim);
+    const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+    for (int64_t b = 0; b < p.batch; ++b) {
+      for (int64_t g = 0; g < p.kv_heads; ++g) {
+        bf16_pack_values(static_cast<const uint16_t*>(p.v.data()) + p.v.offset({b, g, 0, 0}),
+                         p.v.stride(2), p.k_len, p.value_dim,
+                         pairs.data() + (b * p.kv_heads + g) * pair_rows * p.value_dim);
+      }
+    }
+    context.v_pairs = pairs.data();
+  }
   context.score_mods = mods.softcap || mods.alibi_slopes != nullptr || mods.bias != nullptr ||
                        mods.score_fn != nullptr || mods.threshold || p.mask->has_additive();
   std::vector<uint8_t> v_finite;

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "core/element.h"
+#include "kernels/bf16_dot.h"
 #include "kernels/fused_block.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -171,8 +172,26 @@ void StoreRow(const MutableTensorView& t, int64_t offset, int64_t stride, const 
           hn::StoreU(hn::DemoteTo(dh, hn::LoadU(df, values + e)), dh, out + e);
         break;
       }
-      case DType::bf16:
-        break;  // Highway 1.0.3's bf16 DemoteTo truncates: round with our own conversion below
+      case DType::bf16: {
+        // Round to nearest even on the bits (Highway 1.0.3's bf16 DemoteTo truncates): add
+        // 0x7FFF plus the lowest kept bit, keep the top half; NaN stays a quiet NaN.
+        const hn::RebindToUnsigned<DF> du;
+        const hn::Rebind<uint16_t, DF> du16;
+        auto* out = static_cast<uint16_t*>(t.mutable_data()) + offset;
+        for (; e + N <= count; e += N) {
+          const VF x = hn::LoadU(df, values + e);
+          const auto bits = hn::BitCast(du, x);
+          const auto odd = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+          const auto rounded =
+              hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), odd)));
+          const auto quiet = hn::Or(hn::ShiftRight<16>(bits), hn::Set(du, 0x40u));
+          const auto half = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), quiet, rounded);
+          // Values ≤ 0xFFFF: the signed → unsigned 16-bit demotion keeps them as they are.
+          hn::StoreU(hn::DemoteTo(du16, hn::BitCast(hn::RebindToSigned<DF>(), half)), du16,
+                     out + e);
+        }
+        break;
+      }
     }
     for (; e < count; ++e) store_float(t, offset + e, values[e]);
     return;
@@ -273,6 +292,43 @@ void Accumulate(const float* v, int64_t v_stride, int64_t rows, int64_t value_di
 
 // ---- tile kernel: modifiers, mask, online softmax ----------------------------------------------
 
+// exp(x) for the arguments the online softmax produces: x ≤ 0 or −inf (never NaN: those rows are
+// flagged separately). exp(x) = 2^n · e^r with n = round(x·log2 e) and r = x − n·ln 2 computed in
+// two steps (Cody–Waite: ln 2 split in a short high part and a low part, so that n·ln2_hi is
+// exact), |r| ≤ ln2/2, and e^r by its degree-7 Taylor polynomial (truncation < 6e-9 relative).
+// Results below 2^-126 flush to 0, so exp(−inf) = 0 exactly. About 15 operations against Highway
+// Exp's ~21, which matters because one exp per score is the softmax's whole cost. Measured max
+// relative error over (−88, 0]: see FusedExp in tests/fused_test.cc.
+HWY_INLINE VF ExpNonPositive(DF df, VF x) {
+  const hn::RebindToSigned<DF> di;
+  x = hn::Max(x, hn::Set(df, -88.0f));  // e^-88 ≈ 6e-39 flushes below; −inf lands here too
+  const auto n = hn::NearestInt(hn::Mul(x, hn::Set(df, 1.44269504088896341f)));
+  const VF nf = hn::ConvertTo(df, n);
+  VF r = hn::NegMulAdd(nf, hn::Set(df, 0.693359375f), x);  // n·ln2_hi is exact
+  r = hn::NegMulAdd(nf, hn::Set(df, -2.12194440e-4f), r);
+  // e^r = Σ r^k / k!, Horner form.
+  VF p = hn::Set(df, 1.0f / 5040);
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 720));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 120));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 24));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 6));
+  p = hn::MulAdd(p, r, hn::Set(df, 0.5f));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
+  // 2^n as float bits, exponent n + 127 ≥ 0 (n ≥ −127); n = −127 gives +0: flushed.
+  const auto biased = hn::Max(hn::Add(n, hn::Set(di, 127)), hn::Zero(di));
+  return hn::Mul(p, hn::BitCast(df, hn::ShiftLeft<23>(biased)));
+}
+
+// For tests: out[n] = exp(in[n]) through the kernel's exp (count a multiple of 64).
+void ExpNonPositiveArray(const float* in, int64_t count, float* out) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t n = 0; n + N <= count; n += N) {
+    hn::StoreU(ExpNonPositive(df, hn::LoadU(df, in + n)), df, out + n);
+  }
+}
+
 // Lane i of the result is set iff bit (first + i) of `bits` is.
 HWY_INLINE hn::Mask<DF> LanesFromBits(uint64_t bits, size_t first) {
   const DF df;
@@ -363,14 +419,15 @@ void SoftmaxStep(float* HWY_RESTRICT s, int64_t rows, float* HWY_RESTRICT row_ma
     for (int64_t j = 0; j < rows; ++j) {
       const VF x = hn::LoadU(df, s + j * kTileQ + i);
       m = hn::Max(m, x);
-      poisoned = hn::Or(poisoned, hn::Or(hn::IsNaN(x), hn::Eq(x, plus_inf)));
+      // NaN and +inf are exactly the scores that are not below +inf: one compare flags both.
+      poisoned = hn::Or(poisoned, hn::Not(hn::Lt(x, plus_inf)));
     }
     // A column that has seen only −inf keeps m = −inf; subtract 0 instead (no (−inf) − (−inf)).
     const VF m_used = hn::IfThenZeroElse(hn::Eq(m, minus_inf), m);
-    const VF a = hn::Exp(df, hn::Sub(m_old, m_used));
+    const VF a = ExpNonPositive(df, hn::Sub(m_old, m_used));
     VF sum = hn::Zero(df);
     for (int64_t j = 0; j < rows; ++j) {
-      const VF w = hn::Exp(df, hn::Sub(hn::LoadU(df, s + j * kTileQ + i), m_used));
+      const VF w = ExpNonPositive(df, hn::Sub(hn::LoadU(df, s + j * kTileQ + i), m_used));
       hn::StoreU(w, df, s + j * kTileQ + i);
       sum = hn::Add(sum, w);
     }
@@ -418,9 +475,16 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
   const int64_t g = p.kv_head(blk.h);
   const int64_t q_tile = blk.q_first / kTileQ;
 
+  const auto bf16_rows = [](const TensorView& t, int64_t b, int64_t h, int64_t l) {
+    return static_cast<const uint16_t*>(t.data()) + t.offset({b, h, l, 0});
+  };
+  if (c.bf16_dot) {
+    bf16_pack_queries(bf16_rows(p.q, blk.b, blk.h, blk.q_first), p.q.stride(2), blk.q_count, dim,
+                      scratch.q_pairs);
+  }
   // Qᵀ, scaled once here rather than every score later; unused columns are 0.
-  std::memset(scratch.q_t, 0, dim * kTileQ * sizeof(float));
-  for (int64_t i = 0; i < blk.q_count; ++i) {
+  if (!c.bf16_dot) std::memset(scratch.q_t, 0, dim * kTileQ * sizeof(float));
+  for (int64_t i = 0; !c.bf16_dot && i < blk.q_count; ++i) {
     float* row = scratch.q_rows + i * dim;
     LoadRow(p.q, p.q.offset({blk.b, blk.h, blk.q_first + i, 0}), p.q.stride(3), dim, row);
     for (int64_t d = 0; d < dim; ++d) {
@@ -440,8 +504,13 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
     const int64_t j0 = k_tile * kTileK;
     const int64_t rows = std::min(kTileK, blk.k_end - j0);
     int64_t k_stride = 0, v_stride = 0;
-    const float* k = TileRows(p.k, blk.b, g, j0, rows, dim, scratch.k, k_stride);
-    Scores(k, k_stride, rows, dim, scratch.q_t, scratch.s);
+    if (c.bf16_dot) {
+      bf16_scores(bf16_rows(p.k, blk.b, g, j0), p.k.stride(2), rows, dim, scratch.q_pairs,
+                  static_cast<float>(p.scale), scratch.s);
+    } else {
+      const float* k = TileRows(p.k, blk.b, g, j0, rows, dim, scratch.k, k_stride);
+      Scores(k, k_stride, rows, dim, scratch.q_t, scratch.s);
+    }
 
     const uint64_t* allowed = nullptr;
     if (kind == TileKind::partial) {
@@ -454,9 +523,18 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
     if (allowed != nullptr) ApplyMask(allowed, rows, scratch.s);
     SoftmaxStep(scratch.s, rows, scratch.row_max, scratch.row_sum, scratch.alpha, bad);
 
-    const float* v = TileRows(p.v, blk.b, g, j0, rows, value_dim, scratch.v, v_stride);
     const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
-    if (c.v_tile_finite[(blk.b * p.kv_heads + g) * k_tiles + k_tile]) {
+    const bool finite = c.v_tile_finite[(blk.b * p.kv_heads + g) * k_tiles + k_tile];
+    if (c.bf16_dot && finite) {
+      bf16_pack_weights(scratch.s, rows, scratch.p_pairs);
+      // V was packed into pairs once per call; tiles start at even keys.
+      const uint32_t* v_pairs =
+          c.v_pairs + ((blk.b * p.kv_heads + g) * ((p.k_len + 1) / 2) + j0 / 2) * value_dim;
+      bf16_accumulate(v_pairs, rows, value_dim, scratch.p_pairs, scratch.alpha, scratch.o);
+      continue;
+    }
+    const float* v = TileRows(p.v, blk.b, g, j0, rows, value_dim, scratch.v, v_stride);
+    if (finite) {
       Accumulate<false>(v, v_stride, rows, value_dim, scratch.s, scratch.alpha, scratch.o);
     } else {
       Accumulate<true>(v, v_stride, rows, value_dim, scratch.s, scratch.alpha, scratch.o);
@@ -714,6 +792,11 @@ namespace maskattn::detail::fused {
 HWY_EXPORT(AttendBlock);
 HWY_EXPORT(AttendRows);
 HWY_EXPORT(MarkFiniteValueTiles);
+HWY_EXPORT(ExpNonPositiveArray);
+
+void exp_non_positive(const float* in, int64_t count, float* out) {
+  HWY_DYNAMIC_DISPATCH(ExpNonPositiveArray)(in, count, out);
+}
 HWY_EXPORT(ConvertToF32);
 
 void convert_to_f32(const TensorView& t, float* out, int threads) {
@@ -762,6 +845,11 @@ void Scratch::reserve(int64_t head_dim, int64_t value_dim) {
   }
   bits_.assign(kTileQ + kTileK, 0);
   allowed = bits_.data();
+  const int64_t q_pairs_size = (d + 1) / 2 * kTileQ, p_pairs_size = kTileK / 2 * kTileQ;
+  pairs_.assign(q_pairs_size + p_pairs_size + kTileK / 2 * dv, 0);
+  q_pairs = pairs_.data();
+  p_pairs = q_pairs + q_pairs_size;
+  v_pairs = p_pairs + p_pairs_size;
 }
 
 }  // namespace maskattn::detail::fused

@@ -34,11 +34,15 @@ struct Scratch {
   float* out = nullptr;         // [kTileQ][Dv]      normalised output rows of the block
   float* lse = nullptr;         // [kTileQ]
   uint64_t* allowed = nullptr;  // [kTileQ + kTileK] bit rows of a partial tile
+  uint32_t* q_pairs = nullptr;  // [D/2][kTileQ]     bf16 query pairs (bf16_dot.h)
+  uint32_t* p_pairs = nullptr;  // [kTileK/2][kTileQ] bf16 weight pairs
+  uint32_t* v_pairs = nullptr;  // [kTileK/2][Dv]    bf16 value pairs
 
  private:
   int64_t head_dim_ = -1, value_dim_ = -1;
   std::vector<float> storage_;
   std::vector<uint64_t> bits_;
+  std::vector<uint32_t> pairs_;
 };
 
 // Read-only state shared by every block of one call.
@@ -50,6 +54,11 @@ struct Context {
   // value is 0 and the fast P·V product may run over hidden keys.
   const uint8_t* v_tile_finite = nullptr;
   bool score_mods = false;  // softcap, ALiBi, bias, score_fn, threshold or additive masks present
+  // Q, K, V are bf16 with contiguous rows, D is even and the CPU has AVX512-BF16: the tile
+  // kernel's two products use vdpbf16ps (bf16_dot.h), P is rounded to bf16 for the second.
+  bool bf16_dot = false;
+  // With bf16_dot: V as pairs (V[2t][e], V[2t+1][e]), [B, Hkv, ⌈Lk/2⌉, Dv], packed once per call.
+  const uint32_t* v_pairs = nullptr;
 };
 
 // Queries [q_first, q_first + q_count) of (b, h), all in one kTileQ-aligned block (tile kernel),
@@ -72,6 +81,10 @@ void mark_finite_value_tiles(const Problem& problem, uint8_t* flags);
 // even (vectorised for contiguous rows).
 void store_row(const MutableTensorView& t, int64_t offset, int64_t stride, const float* values,
                int64_t count);
+
+// The softmax's exp for arguments x ≤ 0 or −inf, as the kernels compute it (count a multiple of
+// kTileQ). For tests of its accuracy.
+void exp_non_positive(const float* in, int64_t count, float* out);
 
 // Tile kernel (queries across SIMD lanes): results in scratch.out [q_count][Dv] (normalised, 0 for
 // rows without keys) and scratch.lse [q_count].

@@ -1,9 +1,12 @@
-// The machine's f32 FMA peak, measured with the same runtime dispatch as the kernels: 16
-// independent accumulator chains (2 FMA ports × 4-cycle latency need at least 8 in flight), on 1
-// thread and on all threads. Prints: fma_peak target=AVX3 lanes=16 threads=1 gflops=... and the
-// same for every thread count.
+// The machine's limits that the benchmark targets are stated against, measured in the same run:
+//  - f32 FMA peak, with the same runtime dispatch as the kernels: 16 independent accumulator chains
+//    (2 FMA ports × 4-cycle latency need at least 8 in flight);
+//  - memory bandwidth, STREAM triad a = b + s·c over 3 × 256 MiB (3 arrays counted, as STREAM).
+// On 1 thread and on all threads. Prints lines such as
+//   fma_peak target=AVX3 lanes=16 threads=2 gflops=519.7
+//   triad threads=2 gbs=69.1
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "fma_peak.cc"
+#define HWY_TARGET_INCLUDE "bench/machine_peaks.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
 #include <hwy/highway.h>
@@ -72,6 +75,29 @@ int main() {
     }
     std::printf("fma_peak target=%s lanes=%zu threads=%d gflops=%.1f\n",
                 HWY_DYNAMIC_DISPATCH(fma_peak::Target)(), lanes, threads, best);
+  }
+  // STREAM triad; arrays first touched by the threads that use them.
+  const int64_t n = int64_t{64} << 20;  // 256 MiB per array
+  std::vector<float> a(n), b(n), c(n);
+  for (int threads = 1; threads <= max_threads;
+       threads = threads == max_threads ? threads + 1 : std::min(threads * 2, max_threads)) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < n; ++i) {
+      a[i] = 0.0f;
+      b[i] = 1.0f;
+      c[i] = 2.0f;
+    }
+    double best = 0;
+    for (int trial = 0; trial < 5; ++trial) {
+      const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel for schedule(static) num_threads(threads)
+      for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 3.0f * c[i];
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      best = std::max(best, 3.0 * n * sizeof(float) / seconds * 1e-9);
+    }
+    std::printf("triad threads=%d gbs=%.1f\n", threads, best);
+    if (a[n / 2] != 7.0f) std::printf("!");
   }
   return 0;
 }

@@ -1,0 +1,193 @@
+#include "kernels/bf16_dot.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/fused_block.h"
+
+namespace maskattn::detail::fused {
+
+#define MASKATTN_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+namespace {
+
+static_assert(kTileQ == 64, "the bf16 kernels hold a block of queries in 4 vectors of 16");
+
+// Lane order that interleaves the first 16 bf16 of a vector with the second 16:
+// [a0, b0, a1, b1, …] from [a0 … a15, b0 … b15].
+MASKATTN_BF16_TARGET __m512i interleave_halves() {
+  alignas(64) uint16_t index[32];
+  for (int n = 0; n < 16; ++n) {
+    index[2 * n] = static_cast<uint16_t>(n);
+    index[2 * n + 1] = static_cast<uint16_t>(16 + n);
+  }
+  return _mm512_load_si512(index);
+}
+
+}  // namespace
+
+bool bf16_dot_available() {
+  static const bool available = __builtin_cpu_supports("avx512f") &&
+                                __builtin_cpu_supports("avx512bw") &&
+                                __builtin_cpu_supports("avx512bf16");
+  return available;
+}
+
+void bf16_pack_queries(const uint16_t* rows, int64_t row_stride, int64_t count, int64_t dim,
+                       uint32_t* q_pairs) {
+  std::memset(q_pairs, 0, (dim / 2) * kTileQ * sizeof(uint32_t));
+  for (int64_t i = 0; i < count; ++i) {
+    const uint16_t* row = rows + i * row_stride;
+    for (int64_t p = 0; p < dim / 2; ++p) {
+      uint32_t pair;
+      std::memcpy(&pair, row + 2 * p, sizeof pair);
+      q_pairs[p * kTileQ + i] = pair;
+    }
+  }
+}
+
+MASKATTN_BF16_TARGET void bf16_scores(const uint16_t* k, int64_t k_stride, int64_t rows,
+                                      int64_t dim, const uint32_t* q_pairs, float scale, float* s) {
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  const int64_t pairs = dim / 2;
+  int64_t r = 0;
+  // 4 key rows × 4 query vectors: 16 accumulators, as in the f32 kernel.
+  for (; r + 4 <= rows; r += 4) {
+    __m512 acc[4][4];
+    for (auto& row : acc) {
+      for (auto& vector : row) vector = _mm512_setzero_ps();
+    }
+    for (int64_t p = 0; p < pairs; ++p) {
+      const uint32_t* q = q_pairs + p * kTileQ;
+      const __m512bh q0 = (__m512bh)_mm512_loadu_si512(q),
+                     q1 = (__m512bh)_mm512_loadu_si512(q + 16);
+      const __m512bh q2 = (__m512bh)_mm512_loadu_si512(q + 32),
+                     q3 = (__m512bh)_mm512_loadu_si512(q + 48);
+      for (int n = 0; n < 4; ++n) {
+        uint32_t pair;
+        std::memcpy(&pair, k + (r + n) * k_stride + 2 * p, sizeof pair);
+        const __m512bh key = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+        acc[n][0] = _mm512_dpbf16_ps(acc[n][0], key, q0);
+        acc[n][1] = _mm512_dpbf16_ps(acc[n][1], key, q1);
+        acc[n][2] = _mm512_dpbf16_ps(acc[n][2], key, q2);
+        acc[n][3] = _mm512_dpbf16_ps(acc[n][3], key, q3);
+      }
+    }
+    for (int n = 0; n < 4; ++n) {
+      for (int c = 0; c < 4; ++c) {
+        _mm512_storeu_ps(s + (r + n) * kTileQ + 16 * c, _mm512_mul_ps(acc[n][c], scale_v));
+      }
+    }
+  }
+  for (; r < rows; ++r) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    for (int64_t p = 0; p < pairs; ++p) {
+      uint32_t pair;
+      std::memcpy(&pair, k + r * k_stride + 2 * p, sizeof pair);
+      const __m512bh key = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+      for (int c = 0; c < 4; ++c) {
+        acc[c] = _mm512_dpbf16_ps(acc[c], key,
+                                  (__m512bh)_mm512_loadu_si512(q_pairs + p * kTileQ + 16 * c));
+      }
+    }
+    for (int c = 0; c < 4; ++c)
+      _mm512_storeu_ps(s + r * kTileQ + 16 * c, _mm512_mul_ps(acc[c], scale_v));
+  }
+}
+
+MASKATTN_BF16_TARGET void bf16_pack_weights(const float* s, int64_t rows, uint32_t* p_pairs) {
+  const __m512i order = interleave_halves();
+  for (int64_t t = 0; t < (rows + 1) / 2; ++t) {
+    const float* first = s + 2 * t * kTileQ;
+    const bool has_second = 2 * t + 1 < rows;
+    for (int c = 0; c < 4; ++c) {
+      const __m512 a = _mm512_loadu_ps(first + 16 * c);
+      const __m512 b = has_second ? _mm512_loadu_ps(first + kTileQ + 16 * c) : _mm512_setzero_ps();
+      // Round to nearest even ([b | a] halves), then interleave into per-query pairs.
+      const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+      _mm512_storeu_si512(p_pairs + t * kTileQ + 16 * c, _mm512_permutexvar_epi16(order, halves));
+    }
+  }
+}
+
+MASKATTN_BF16_TARGET void bf16_pack_values(const uint16_t* v, int64_t v_stride, int64_t rows,
+                                           int64_t value_dim, uint32_t* v_pairs) {
+  // [a0, b0, a1, b1, …] from the low halves of a and b (indices ≥ 32 pick from b).
+  alignas(64) uint16_t index[32];
+  for (int n = 0; n < 16; ++n) {
+    index[2 * n] = static_cast<uint16_t>(n);
+    index[2 * n + 1] = static_cast<uint16_t>(32 + n);
+  }
+  const __m512i pairs = _mm512_load_si512(index);
+  for (int64_t t = 0; t < (rows + 1) / 2; ++t) {
+    const uint16_t* first = v + 2 * t * v_stride;
+    const uint16_t* second = 2 * t + 1 < rows ? first + v_stride : nullptr;
+    int64_t e = 0;
+    for (; e + 16 <= value_dim; e += 16) {
+      // 16 values of each row (masked loads: nothing past the row is read), interleaved.
+      const __m512i a = _mm512_maskz_loadu_epi16(0xFFFF, first + e);
+      const __m512i b =
+          second != nullptr ? _mm512_maskz_loadu_epi16(0xFFFF, second + e) : _mm512_setzero_si512();
+      _mm512_storeu_si512(v_pairs + t * value_dim + e, _mm512_permutex2var_epi16(a, pairs, b));
+    }
+    for (; e < value_dim; ++e) {
+      const uint32_t low = first[e], high = second != nullptr ? second[e] : 0;
+      v_pairs[t * value_dim + e] = low | (high << 16);
+    }
+  }
+}
+
+MASKATTN_BF16_TARGET void bf16_accumulate(const uint32_t* v_pairs, int64_t rows, int64_t value_dim,
+                                          const uint32_t* p_pairs, const float* alpha, float* o) {
+  const int64_t pairs = (rows + 1) / 2;
+  const __m512 a0 = _mm512_loadu_ps(alpha), a1 = _mm512_loadu_ps(alpha + 16);
+  const __m512 a2 = _mm512_loadu_ps(alpha + 32), a3 = _mm512_loadu_ps(alpha + 48);
+  int64_t e = 0;
+  for (; e + 4 <= value_dim; e += 4) {
+    __m512 acc[4][4];
+    for (int n = 0; n < 4; ++n) {
+      float* row = o + (e + n) * kTileQ;
+      acc[n][0] = _mm512_mul_ps(a0, _mm512_loadu_ps(row));
+      acc[n][1] = _mm512_mul_ps(a1, _mm512_loadu_ps(row + 16));
+      acc[n][2] = _mm512_mul_ps(a2, _mm512_loadu_ps(row + 32));
+      acc[n][3] = _mm512_mul_ps(a3, _mm512_loadu_ps(row + 48));
+    }
+    for (int64_t t = 0; t < pairs; ++t) {
+      const uint32_t* w = p_pairs + t * kTileQ;
+      const __m512bh p0 = (__m512bh)_mm512_loadu_si512(w),
+                     p1 = (__m512bh)_mm512_loadu_si512(w + 16);
+      const __m512bh p2 = (__m512bh)_mm512_loadu_si512(w + 32),
+                     p3 = (__m512bh)_mm512_loadu_si512(w + 48);
+      for (int n = 0; n < 4; ++n) {
+        const __m512bh value =
+            (__m512bh)_mm512_set1_epi32(static_cast<int>(v_pairs[t * value_dim + e + n]));
+        acc[n][0] = _mm512_dpbf16_ps(acc[n][0], value, p0);
+        acc[n][1] = _mm512_dpbf16_ps(acc[n][1], value, p1);
+        acc[n][2] = _mm512_dpbf16_ps(acc[n][2], value, p2);
+        acc[n][3] = _mm512_dpbf16_ps(acc[n][3], value, p3);
+      }
+    }
+    for (int n = 0; n < 4; ++n) {
+      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + (e + n) * kTileQ + 16 * c, acc[n][c]);
+    }
+  }
+  for (; e < value_dim; ++e) {
+    __m512 acc[4];
+    const __m512 scales[4] = {a0, a1, a2, a3};
+    for (int c = 0; c < 4; ++c)
+      acc[c] = _mm512_mul_ps(scales[c], _mm512_loadu_ps(o + e * kTileQ + 16 * c));
+    for (int64_t t = 0; t < pairs; ++t) {
+      const __m512bh value =
+          (__m512bh)_mm512_set1_epi32(static_cast<int>(v_pairs[t * value_dim + e]));
+      for (int c = 0; c < 4; ++c) {
+        acc[c] = _mm512_dpbf16_ps(acc[c], value,
+                                  (__m512bh)_mm512_loadu_si512(p_pairs + t * kTileQ + 16 * c));
+      }
+    }
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + e * kTileQ + 16 * c, acc[c]);
+  }
+}
+
+}  // namespace maskattn::detail::fused

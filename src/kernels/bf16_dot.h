@@ -1,0 +1,39 @@
+// bf16 products on CPUs with AVX512-BF16 (vdpbf16ps: 32 bf16 products summed in pairs into 16 f32
+// lanes per instruction, twice the f32 FMA rate). Highway 1.0.3 has no such operation, so these
+// few functions use the intrinsics directly, compiled for that instruction set and called only
+// after bf16_dot_available() said yes at run time.
+//
+// Layouts (one tile of the fused kernel, queries across lanes as everywhere there):
+//   q_pairs [D/2][kTileQ] uint32: (Q[i][2p], Q[i][2p+1]) per query i  — packed once per q-block
+//   K rows read in place: K[j][2p], K[j][2p+1] are adjacent in memory  — broadcast as one uint32
+//   p_pairs [kTileK/2][kTileQ] uint32: (P[2t][i], P[2t+1][i]), weights rounded to bf16
+//   v_pairs [kTileK/2][Dv] uint32: (V[2t][e], V[2t+1][e])
+#pragma once
+
+#include <cstdint>
+
+namespace maskattn::detail::fused {
+
+bool bf16_dot_available();
+
+// q_pairs from `count` query rows of bf16 (row i at rows + i·row_stride), D even; columns beyond
+// count are zero.
+void bf16_pack_queries(const uint16_t* rows, int64_t row_stride, int64_t count, int64_t dim,
+                       uint32_t* q_pairs);
+
+// s[j][i] = scale · Σ_d K[j][d]·Q[i][d] for j < rows (K bf16 rows in place, D even).
+void bf16_scores(const uint16_t* k, int64_t k_stride, int64_t rows, int64_t dim,
+                 const uint32_t* q_pairs, float scale, float* s);
+
+// p_pairs from the f32 weights s [rows][kTileQ] (an odd last row is paired with zeros).
+void bf16_pack_weights(const float* s, int64_t rows, uint32_t* p_pairs);
+
+// v_pairs from `rows` bf16 value rows (row j at v + j·v_stride).
+void bf16_pack_values(const uint16_t* v, int64_t v_stride, int64_t rows, int64_t value_dim,
+                      uint32_t* v_pairs);
+
+// o[e][i] = alpha[i]·o[e][i] + Σ_j V[j][e]·P[j][i], over ⌈rows/2⌉ pairs.
+void bf16_accumulate(const uint32_t* v_pairs, int64_t rows, int64_t value_dim,
+                     const uint32_t* p_pairs, const float* alpha, float* o);
+
+}  // namespace maskattn::detail::fused
