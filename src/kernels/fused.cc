@@ -45,7 +45,7 @@ struct Item {
 // A vector of the calling thread kept across calls: a fresh allocation of this size would be a
 // fresh mmap and page faults. (A reference to it is what parallel regions must capture: naming a
 // thread_local inside them would reach each worker's own, empty, instance.)
-template <typename T>
+template <typename T, int kSlot = 0>
 std::vector<T>& reused() {
   thread_local std::vector<T> storage;
   return storage;
@@ -192,7 +192,8 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   }
 
   // Partial results of split-key items: [item][row][Dv] and [item][row].
-  std::vector<float> partial_out, partial_lse;
+  std::vector<float>& partial_out = reused<float, 1>();
+  std::vector<float>& partial_lse = reused<float, 2>();
   if (chunks > 1) {
     partial_out.resize(items.size() * kMaxRows * p.value_dim);
     partial_lse.resize(items.size() * kMaxRows);

@@ -556,7 +556,9 @@ constexpr int64_t kPrefetchRows = 8;
 struct RowSource {
   const void* base = nullptr;
   DType dtype = DType::f32;
-  int64_t stride = 0;
+  int64_t stride = 0;       // elements between rows
+  int64_t row_bytes = 0;    // bytes between rows
+  int64_t width_bytes = 0;  // bytes of one row's data
 };
 
 RowSource SourceRows(const TensorView& t, int64_t b, int64_t g, int64_t j0, int64_t count,
@@ -564,11 +566,12 @@ RowSource SourceRows(const TensorView& t, int64_t b, int64_t g, int64_t j0, int6
   if (t.stride(3) == 1) {
     const auto* bytes = static_cast<const uint8_t*>(t.data()) +
                         t.offset({b, g, j0, 0}) * static_cast<int64_t>(dtype_size(t.dtype()));
-    return {bytes, t.dtype(), t.stride(2)};
+    const auto element = static_cast<int64_t>(dtype_size(t.dtype()));
+    return {bytes, t.dtype(), t.stride(2), t.stride(2) * element, width * element};
   }
   int64_t stride = 0;
   const float* rows = TileRows(t, b, g, j0, count, width, buffer, stride);
-  return {rows, DType::f32, stride};
+  return {rows, DType::f32, stride, stride * 4, width * 4};
 }
 
 template <typename T>
@@ -638,13 +641,9 @@ HWY_INLINE void WithRow(const RowSource& source, int64_t j, Fn&& fn) {
   }
 }
 
-void PrefetchSourceRow(const RowSource& source, int64_t j, int64_t count) {
-  const auto* row = static_cast<const uint8_t*>(source.base) +
-                    j * source.stride * static_cast<int64_t>(dtype_size(source.dtype));
-  for (int64_t byte = 0; byte < count * static_cast<int64_t>(dtype_size(source.dtype));
-       byte += 64) {
-    hwy::Prefetch(row + byte);
-  }
+HWY_INLINE void PrefetchSourceRow(const RowSource& source, int64_t j) {
+  const auto* row = static_cast<const uint8_t*>(source.base) + j * source.row_bytes;
+  for (int64_t byte = 0; byte < source.width_bytes; byte += 64) hwy::Prefetch(row + byte);
 }
 
 void AttendRows(const Context& c, int64_t b, const Row* rows_in, int64_t row_count, int64_t k_first,
@@ -698,7 +697,7 @@ void AttendRows(const Context& c, int64_t b, const Row* rows_in, int64_t row_cou
       // (measured: 4.8 → 3.4 ms for Lq=1, Lk=32768, H=8 on 2 threads; computing four dot
       // products at a time instead was slower, 4.2 ms).
       for (int64_t j = 0; j < count; ++j) {
-        if (r == 0 && j + kPrefetchRows < count) PrefetchSourceRow(k, j + kPrefetchRows, dim);
+        if (r == 0 && j + kPrefetchRows < count) PrefetchSourceRow(k, j + kPrefetchRows);
         WithRow(k, j, [&](const auto* key) { s[j] = DotT(q, key, dim); });
       }
       uint64_t* allowed = nullptr;
@@ -758,7 +757,7 @@ void AttendRows(const Context& c, int64_t b, const Row* rows_in, int64_t row_cou
     // values are never read into the result.
     const RowSource v = SourceRows(p.v, b, g, j0, count, value_dim, scratch.v);
     for (int64_t j = 0; j < count; ++j) {
-      if (j + kPrefetchRows < count) PrefetchSourceRow(v, j + kPrefetchRows, value_dim);
+      if (j + kPrefetchRows < count) PrefetchSourceRow(v, j + kPrefetchRows);
       WithRow(v, j, [&](const auto* value) {
         for (int64_t r = 0; r < row_count; ++r) {
           const float w = scratch.s[r * kTileK + j];
