@@ -9,22 +9,17 @@
 #include <optional>
 #include <vector>
 
+#include "core/element.h"
+
 namespace maskattn::detail::reference {
 
 namespace {
 
 constexpr double kNegInf = -INFINITY;
 
+// Every element type widens exactly to f32, hence to f64.
 double element(const TensorView& t, int64_t offset) {
-  switch (t.dtype()) {
-    case DType::f32:
-      return static_cast<const float*>(t.data())[offset];
-    case DType::f16:
-      return to_float(static_cast<const float16*>(t.data())[offset]);
-    case DType::bf16:
-      return to_float(static_cast<const bfloat16*>(t.data())[offset]);
-  }
-  return NAN;
+  return load_float(t, offset);
 }
 
 // Reads n elements starting at `offset`, `stride` apart, widened to f64.
