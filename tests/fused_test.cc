@@ -12,24 +12,7 @@
 namespace maskattn {
 namespace {
 
-// A problem in f32 master copies; run() converts to the dtype under test.
-struct Problem {
-  int64_t B, Hq, Hkv, Lq, Lk, D, Dv;
-  std::vector<float> q, k, v;
-  Problem(int64_t b, int64_t hq, int64_t hkv, int64_t lq, int64_t lk, int64_t d, int64_t dv,
-          uint64_t seed, float spread = 1.0f)
-      : B(b),
-        Hq(hq),
-        Hkv(hkv),
-        Lq(lq),
-        Lk(lk),
-        D(d),
-        Dv(dv),
-        q(test::random_values(b * hq * lq * d, seed, -spread, spread)),
-        k(test::random_values(b * hkv * lk * d, seed + 1, -spread, spread)),
-        v(test::random_values(b * hkv * lk * dv, seed + 2)) {}
-  MaskShape shape() const { return {B, Hq, Lq, Lk}; }
-};
+using Problem = test::RandomProblem;
 
 // Values rounded to `dtype` and stored in that dtype's bits (16-bit types) or as f32.
 struct Buffer {

@@ -11,27 +11,7 @@
 namespace maskattn {
 namespace {
 
-// A problem held in f32 buffers, [B,H,L,D] contiguous.
-struct Tensors {
-  int64_t B, Hq, Hkv, Lq, Lk, D, Dv;
-  std::vector<float> q, k, v;
-  Tensors(int64_t b, int64_t hq, int64_t hkv, int64_t lq, int64_t lk, int64_t d, int64_t dv,
-          uint64_t seed)
-      : B(b),
-        Hq(hq),
-        Hkv(hkv),
-        Lq(lq),
-        Lk(lk),
-        D(d),
-        Dv(dv),
-        q(test::random_values(b * hq * lq * d, seed)),
-        k(test::random_values(b * hkv * lk * d, seed + 1)),
-        v(test::random_values(b * hkv * lk * dv, seed + 2)) {}
-  TensorView qv() const { return TensorView(q.data(), {B, Hq, Lq, D}); }
-  TensorView kv() const { return TensorView(k.data(), {B, Hkv, Lk, D}); }
-  TensorView vv() const { return TensorView(v.data(), {B, Hkv, Lk, Dv}); }
-  MaskShape shape() const { return {B, Hq, Lq, Lk}; }
-};
+using Tensors = test::RandomProblem;
 
 std::vector<float> run(const Tensors& t, const Mask& mask = {}, const ScoreMods& mods = {},
                        Options options = {}, std::vector<float>* lse = nullptr) {

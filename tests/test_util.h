@@ -15,6 +15,29 @@ namespace maskattn::test {
 // Uniform values in [lo, hi), reproducible from the seed.
 std::vector<float> random_values(size_t count, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
 
+// Q [B,Hq,Lq,D], K [B,Hkv,Lk,D], V [B,Hkv,Lk,Dv] as contiguous f32, reproducible from the seed;
+// Q and K uniform in [-spread, spread), V in [-1, 1).
+struct RandomProblem {
+  int64_t B, Hq, Hkv, Lq, Lk, D, Dv;
+  std::vector<float> q, k, v;
+  RandomProblem(int64_t b, int64_t hq, int64_t hkv, int64_t lq, int64_t lk, int64_t d, int64_t dv,
+                uint64_t seed, float spread = 1.0f)
+      : B(b),
+        Hq(hq),
+        Hkv(hkv),
+        Lq(lq),
+        Lk(lk),
+        D(d),
+        Dv(dv),
+        q(random_values(b * hq * lq * d, seed, -spread, spread)),
+        k(random_values(b * hkv * lk * d, seed + 1, -spread, spread)),
+        v(random_values(b * hkv * lk * dv, seed + 2)) {}
+  TensorView qv() const { return TensorView(q.data(), {B, Hq, Lq, D}); }
+  TensorView kv() const { return TensorView(k.data(), {B, Hkv, Lk, D}); }
+  TensorView vv() const { return TensorView(v.data(), {B, Hkv, Lk, Dv}); }
+  MaskShape shape() const { return {B, Hq, Lq, Lk}; }
+};
+
 // The allowed grid of one (batch, head) as rows of '1' (allowed) and '.' (hidden), e.g.
 // {"1...", "11..", "111.", "1111"} for causal with Lq = Lk = 4.
 std::vector<std::string> grid(const Mask& mask, const MaskShape& shape, int64_t b = 0,
