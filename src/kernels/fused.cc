@@ -37,7 +37,7 @@ struct Item {
   int64_t b = 0, h = 0;                   // tile mode: one head; row mode: any head of the kv group
   int64_t q_first = 0, q_count = 0;       // tile mode
   int64_t rows_first = 0, row_count = 0;  // row mode: rows of the (b, g) row list
-  int64_t g = 0, chunk = 0, k_first = 0, k_end = 0;
+  int64_t g = 0, k_first = 0, k_end = 0;
   int64_t cost = 0;
   int64_t partial = -1;  // row mode with split keys: index of the partial-result slot
 };
@@ -179,7 +179,6 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
             item.g = g;
             item.rows_first = batch * kMaxRows;
             item.row_count = std::min<int64_t>(kMaxRows, rows.size() - item.rows_first);
-            item.chunk = c;
             item.k_first = chunks == 1 ? 0 : c * kChunkKeys;
             item.k_end = chunks == 1 ? p.k_len : std::min(p.k_len, (c + 1) * kChunkKeys);
             item.cost = item.k_end - item.k_first;

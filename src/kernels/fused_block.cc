@@ -491,8 +491,8 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
       scratch.q_t[d * kTileQ + i] = static_cast<float>(row[d] * p.scale);
     }
   }
-  InitState(p, blk.h, blk.with_sink, scratch.row_max, scratch.row_sum, scratch.lse, kTileQ);
-  float* bad = scratch.lse;  // reused as the poisoned-row flags until Finalize
+  float* bad = scratch.poisoned;
+  InitState(p, blk.h, blk.with_sink, scratch.row_max, scratch.row_sum, bad, kTileQ);
   std::memset(scratch.o, 0, value_dim * kTileQ * sizeof(float));
   const bool additive = p.mask->has_additive();
 
@@ -540,10 +540,8 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
       Accumulate<true>(v, v_stride, rows, value_dim, scratch.s, scratch.alpha, scratch.o);
     }
   }
-  // Finalize reads the flags from `bad` (= lse) before writing LSE values over them, row by row.
-  for (int64_t i = 0; i < blk.q_count; ++i) scratch.alpha[i] = bad[i];
-  Finalize(blk.q_count, value_dim, scratch.o, scratch.row_max, scratch.row_sum, scratch.alpha,
-           scratch.out, scratch.lse);
+  Finalize(blk.q_count, value_dim, scratch.o, scratch.row_max, scratch.row_sum, bad, scratch.out,
+           scratch.lse);
 }
 
 // ---- row kernel (few queries) ------------------------------------------------------------------
@@ -653,7 +651,7 @@ void AttendRows(const Context& c, int64_t b, const Row* rows_in, int64_t row_cou
   const ResolvedMask& mask = *p.mask;
   const int64_t dim = p.head_dim, value_dim = p.value_dim;
   const int64_t g = p.kv_head(rows_in[0].h);
-  float* bad = scratch.alpha;  // the row kernel keeps no per-query alpha vector
+  float* bad = scratch.poisoned;
   for (int64_t r = 0; r < row_count; ++r) {
     const Row row = rows_in[r];
     LoadRow(p.q, p.q.offset({b, row.h, row.i, 0}), p.q.stride(3), dim, scratch.q_rows + r * dim);
@@ -831,13 +829,14 @@ void Scratch::reserve(int64_t head_dim, int64_t value_dim) {
   const int64_t sizes[] = {padded(d * kTileQ),  padded(kTileQ * d),      padded(kTileK * d),
                            padded(kTileK * dv), padded(kTileK * kTileQ), padded(dv * kTileQ),
                            padded(kTileQ),      padded(kTileQ),          padded(kTileQ),
-                           padded(kTileQ * dv), padded(kTileQ)};
+                           padded(kTileQ * dv), padded(kTileQ),          padded(kTileQ)};
   int64_t total = 16;
   for (int64_t size : sizes) total += size;
   storage_.assign(total, 0.0f);
   float* next = storage_.data();
   next += (16 - (reinterpret_cast<uintptr_t>(next) / sizeof(float)) % 16) % 16;
-  float** pieces[] = {&q_t, &q_rows, &k, &v, &s, &o, &row_max, &row_sum, &alpha, &out, &lse};
+  float** pieces[] = {&q_t,     &q_rows,  &k,     &v,   &s,   &o,
+                      &row_max, &row_sum, &alpha, &out, &lse, &poisoned};
   for (size_t n = 0; n < std::size(pieces); ++n) {
     *pieces[n] = next;
     next += sizes[n];

@@ -31,6 +31,7 @@ struct Scratch {
   float* row_max = nullptr;     // [kTileQ]
   float* row_sum = nullptr;     // [kTileQ]
   float* alpha = nullptr;       // [kTileQ]          rescale factor of the current tile
+  float* poisoned = nullptr;    // [kTileQ]          1 for rows that met a NaN or +inf score
   float* out = nullptr;         // [kTileQ][Dv]      normalised output rows of the block
   float* lse = nullptr;         // [kTileQ]
   uint64_t* allowed = nullptr;  // [kTileQ + kTileK] bit rows of a partial tile
