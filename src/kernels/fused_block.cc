@@ -41,6 +41,7 @@
 #include "core/element.h"
 #include "kernels/bf16_dot.h"
 #include "kernels/fused_block.h"
+#include "kernels/simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace maskattn::detail::fused {
@@ -292,34 +293,6 @@ void Accumulate(const float* v, int64_t v_stride, int64_t rows, int64_t value_di
 
 // ---- tile kernel: modifiers, mask, online softmax ----------------------------------------------
 
-// exp(x) for the arguments the online softmax produces: x ≤ 0 or −inf (never NaN: those rows are
-// flagged separately). exp(x) = 2^n · e^r with n = round(x·log2 e) and r = x − n·ln 2 computed in
-// two steps (Cody–Waite: ln 2 split in a short high part and a low part, so that n·ln2_hi is
-// exact), |r| ≤ ln2/2, and e^r by its degree-7 Taylor polynomial (truncation < 6e-9 relative).
-// Results below 2^-126 flush to 0, so exp(−inf) = 0 exactly. About 15 operations against Highway
-// Exp's ~21, which matters because one exp per score is the softmax's whole cost. Measured max
-// relative error over (−88, 0]: see FusedExp in tests/fused_test.cc.
-HWY_INLINE VF ExpNonPositive(DF df, VF x) {
-  const hn::RebindToSigned<DF> di;
-  x = hn::Max(x, hn::Set(df, -88.0f));  // e^-88 ≈ 6e-39 flushes below; −inf lands here too
-  const auto n = hn::NearestInt(hn::Mul(x, hn::Set(df, 1.44269504088896341f)));
-  const VF nf = hn::ConvertTo(df, n);
-  VF r = hn::NegMulAdd(nf, hn::Set(df, 0.693359375f), x);  // n·ln2_hi is exact
-  r = hn::NegMulAdd(nf, hn::Set(df, -2.12194440e-4f), r);
-  // e^r = Σ r^k / k!, Horner form.
-  VF p = hn::Set(df, 1.0f / 5040);
-  p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 720));
-  p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 120));
-  p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 24));
-  p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 6));
-  p = hn::MulAdd(p, r, hn::Set(df, 0.5f));
-  p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
-  p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
-  // 2^n as float bits, exponent n + 127 ≥ 0 (n ≥ −127); n = −127 gives +0: flushed.
-  const auto biased = hn::Max(hn::Add(n, hn::Set(di, 127)), hn::Zero(di));
-  return hn::Mul(p, hn::BitCast(df, hn::ShiftLeft<23>(biased)));
-}
-
 // For tests: out[n] = exp(in[n]) through the kernel's exp (count a multiple of 64).
 void ExpNonPositiveArray(const float* in, int64_t count, float* out) {
   const DF df;
@@ -327,15 +300,6 @@ void ExpNonPositiveArray(const float* in, int64_t count, float* out) {
   for (int64_t n = 0; n + N <= count; n += N) {
     hn::StoreU(ExpNonPositive(df, hn::LoadU(df, in + n)), df, out + n);
   }
-}
-
-// Lane i of the result is set iff bit (first + i) of `bits` is.
-HWY_INLINE hn::Mask<DF> LanesFromBits(uint64_t bits, size_t first) {
-  const DF df;
-  const hn::RebindToUnsigned<DF> du;
-  const auto lane_bit = hn::Shl(hn::Set(du, 1u), hn::Iota(du, 0));
-  const auto chunk = hn::Set(du, static_cast<uint32_t>(bits >> first));
-  return hn::RebindMask(df, hn::Ne(hn::And(chunk, lane_bit), hn::Zero(du)));
 }
 
 // softcap → ALiBi + bias + additive masks → score_fn → threshold (DESIGN.md §3), on the allowed
@@ -399,7 +363,7 @@ void ApplyMask(const uint64_t* allowed, int64_t rows, float* HWY_RESTRICT s) {
   for (int64_t j = 0; j < rows; ++j) {
     for (size_t i = 0; i < static_cast<size_t>(kTileQ); i += N) {
       const VF x = hn::LoadU(df, s + j * kTileQ + i);
-      hn::StoreU(hn::IfThenElse(LanesFromBits(allowed[j], i), x, minus_inf), df,
+      hn::StoreU(hn::IfThenElse(LanesFromBits(df, allowed[j], i), x, minus_inf), df,
                  s + j * kTileQ + i);
     }
   }
