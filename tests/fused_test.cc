@@ -14,45 +14,14 @@ namespace {
 
 using Problem = test::RandomProblem;
 
-// Values rounded to `dtype` and stored in that dtype's bits (16-bit types) or as f32.
-struct Buffer {
-  DType dtype;
-  std::vector<uint32_t> words;  // enough room for either width
-  Buffer(const std::vector<float>& values, DType type) : dtype(type), words(values.size()) {
-    for (size_t n = 0; n < values.size(); ++n) {
-      if (dtype == DType::f32) {
-        std::memcpy(&words[n], &values[n], 4);
-      } else {
-        const uint16_t bits = dtype == DType::f16 ? float16_from_float(values[n]).bits
-                                                  : bfloat16_from_float(values[n]).bits;
-        std::memcpy(reinterpret_cast<uint16_t*>(words.data()) + n, &bits, 2);
-      }
-    }
-  }
-  float at(size_t n) const {
-    if (dtype == DType::f32) {
-      float x;
-      std::memcpy(&x, &words[n], 4);
-      return x;
-    }
-    const uint16_t bits = reinterpret_cast<const uint16_t*>(words.data())[n];
-    return dtype == DType::f16 ? to_float(float16{bits}) : to_float(bfloat16{bits});
-  }
-  std::vector<float> floats(size_t count) const {
-    std::vector<float> out(count);
-    for (size_t n = 0; n < count; ++n) out[n] = at(n);
-    return out;
-  }
-};
-
 struct Result {
   std::vector<float> out, lse;
 };
 
 Result run(const Problem& p, DType dtype, const Mask& mask, const ScoreMods& mods,
            Options options) {
-  const Buffer q(p.q, dtype), k(p.k, dtype), v(p.v, dtype);
-  Buffer out(std::vector<float>(p.B * p.Hq * p.Lq * p.Dv, -7.0f), dtype);
+  const test::DTypeBuffer q(p.q, dtype), k(p.k, dtype), v(p.v, dtype);
+  test::DTypeBuffer out(std::vector<float>(p.B * p.Hq * p.Lq * p.Dv, -7.0f), dtype);
   Result result;
   result.lse.assign(p.B * p.Hq * p.Lq, -7.0f);
   attention(TensorView(q.words.data(), dtype, {p.B, p.Hq, p.Lq, p.D}),
@@ -76,9 +45,9 @@ Result run_kernel(const Problem& p, DType dtype, const Mask& mask, const ScoreMo
 // The naive implementation in the dtype under test: inputs rounded to the dtype, then plain f32
 // arithmetic (S, softmax with std::exp, P·V) over the mask's allowed pairs, output rounded once.
 std::vector<float> naive(const Problem& p, DType dtype, const Mask& mask) {
-  const std::vector<float> q = Buffer(p.q, dtype).floats(p.q.size());
-  const std::vector<float> k = Buffer(p.k, dtype).floats(p.k.size());
-  const std::vector<float> v = Buffer(p.v, dtype).floats(p.v.size());
+  const std::vector<float> q = test::DTypeBuffer(p.q, dtype).floats(p.q.size());
+  const std::vector<float> k = test::DTypeBuffer(p.k, dtype).floats(p.k.size());
+  const std::vector<float> v = test::DTypeBuffer(p.v, dtype).floats(p.v.size());
   const Array<uint8_t> allowed = allowed_pairs(mask, p.shape());
   const float scale = 1.0f / std::sqrt(static_cast<float>(p.D));
   std::vector<float> out(p.B * p.Hq * p.Lq * p.Dv, 0.0f), s(p.Lk);
@@ -109,19 +78,7 @@ std::vector<float> naive(const Problem& p, DType dtype, const Mask& mask) {
       }
     }
   }
-  return Buffer(out, dtype).floats(out.size());
-}
-
-// Max |a − b|; infinite when only one side is NaN or the sizes differ (NaN must not hide).
-float max_error(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return INFINITY;
-  float worst = 0.0f;
-  for (size_t n = 0; n < a.size(); ++n) {
-    if (std::isnan(a[n]) != std::isnan(b[n])) return INFINITY;
-    if (a[n] == b[n]) continue;  // equal infinities included
-    worst = std::max(worst, std::fabs(a[n] - b[n]));
-  }
-  return worst;
+  return test::DTypeBuffer(out, dtype).floats(out.size());
 }
 
 // The DESIGN.md §5 rule, on outputs and on the LSE.
@@ -129,12 +86,12 @@ void expect_within_rule(const Problem& p, DType dtype, const Mask& mask, const s
   const Result fused = run_kernel(p, dtype, mask, {}, Kernel::fused);
   // The oracle: the f64 reference on the same (rounded) inputs, its output kept in f32.
   Problem rounded = p;
-  rounded.q = Buffer(p.q, dtype).floats(p.q.size());
-  rounded.k = Buffer(p.k, dtype).floats(p.k.size());
-  rounded.v = Buffer(p.v, dtype).floats(p.v.size());
+  rounded.q = test::DTypeBuffer(p.q, dtype).floats(p.q.size());
+  rounded.k = test::DTypeBuffer(p.k, dtype).floats(p.k.size());
+  rounded.v = test::DTypeBuffer(p.v, dtype).floats(p.v.size());
   const Result exact = run_kernel(rounded, DType::f32, mask, {}, Kernel::reference);
-  const float naive_error = max_error(naive(p, dtype, mask), exact.out);
-  const float fused_error = max_error(fused.out, exact.out);
+  const float naive_error = test::max_error(naive(p, dtype, mask), exact.out);
+  const float fused_error = test::max_error(fused.out, exact.out);
   EXPECT_LE(fused_error, 2 * naive_error + 1e-6f)
       << what << " dtype " << dtype_name(dtype) << ": fused " << fused_error << ", naive "
       << naive_error;
@@ -145,47 +102,6 @@ void expect_within_rule(const Problem& p, DType dtype, const Mask& mask, const s
       ASSERT_NEAR(fused.lse[n], exact.lse[n], 1e-5 * (1 + std::fabs(exact.lse[n]))) << what;
     }
   }
-}
-
-std::vector<std::pair<std::string, Mask>> masks_for(const Problem& p) {
-  std::vector<int64_t> seg_q, seg_k, ids, span_q, span_k;
-  for (int64_t b = 0; b < p.B; ++b) {
-    for (int64_t i = 0; i < p.Lq; ++i) seg_q.push_back((i + p.Lk - p.Lq + b * 7) / 37);
-    for (int64_t i = 0; i < p.Lq; ++i) span_q.push_back((i + p.Lk - p.Lq) % 50 < 20 ? 1 : 0);
-    for (int64_t j = 0; j < p.Lk; ++j) seg_k.push_back((j + b * 7) / 37);
-    for (int64_t j = 0; j < p.Lk; ++j) span_k.push_back(j % 50 < 20 ? 1 : 0);
-    for (int64_t j = 0; j < p.Lk; ++j) ids.push_back(j % 13 == 12 ? 0 : 1);
-  }
-  std::vector<uint8_t> dense(p.Lq * p.Lk);
-  for (int64_t n = 0; n < p.Lq * p.Lk; ++n) dense[n] = (n * 2654435761u >> 7) % 5 != 0;
-  std::vector<float> additive(p.Lk);
-  for (int64_t j = 0; j < p.Lk; ++j) additive[j] = j % 9 == 0 ? -INFINITY : 0.0f;
-  return {
-      {"none", Mask()},
-      {"causal", Mask().causal()},
-      {"causal top-left", Mask().causal(Alignment::top_left)},
-      {"sliding window 70", Mask().sliding_window(70)},
-      {"window(30,10) & chunk(100)", Mask().window(30, 10).chunk(100)},
-      {"padding", Mask()
-                      .causal()
-                      .key_lengths(std::vector<int64_t>(p.B, p.Lk * 2 / 3))
-                      .query_lengths(std::vector<int64_t>(p.B, std::max<int64_t>(p.Lq - 5, 0)))},
-      {"left padding", Mask().causal().key_starts(std::vector<int64_t>(p.B, p.Lk / 4))},
-      {"token ids", Mask().key_pad_id(Array<int64_t>({p.B, p.Lk}, ids), 0)},
-      {"segments", Mask().causal().segments(Array<int64_t>({p.B, p.Lq}, seg_q),
-                                            Array<int64_t>({p.B, p.Lk}, seg_k))},
-      {"spans & prefix",
-       Mask()
-           .causal()
-           .spans(Array<int64_t>({p.B, p.Lq}, span_q), Array<int64_t>({p.B, p.Lk}, span_k))
-           .prefix_lm(9)},
-      {"dense keep", Mask().keep(Array<uint8_t>({p.Lq, p.Lk}, dense))},
-      {"additive -inf", Mask().additive(Array<float>({p.Lk}, additive))},
-      {"per head", Mask().causal(HeadSet{0}).sliding_window(40, HeadSet::range(1, p.Hq))},
-      {"predicate", Mask().predicate([](int64_t, int64_t h, int64_t i, int64_t j) {
-         return (i + 2 * j + h) % 7 != 3;
-       })},
-  };
 }
 
 TEST(FusedSweep, EveryMaskAcrossTileEdges) {
@@ -199,7 +115,7 @@ TEST(FusedSweep, EveryMaskAcrossTileEdges) {
   uint64_t seed = 100;
   for (const auto& [lq, lk, d, hq, hkv] : shapes) {
     const Problem p(2, hq, hkv, lq, lk, d, d == 1 ? 3 : d, ++seed);
-    for (const auto& [name, mask] : masks_for(p)) {
+    for (const auto& [name, mask] : test::sweep_masks(p)) {
       expect_within_rule(p, DType::f32, mask,
                          name + " Lq=" + std::to_string(lq) + " Lk=" + std::to_string(lk) +
                              " D=" + std::to_string(d));
@@ -211,7 +127,7 @@ TEST(FusedSweep, HalfPrecisionInputs) {
   for (DType dtype : {DType::f16, DType::bf16}) {
     for (const auto& [lq, lk] : {std::pair<int64_t, int64_t>{65, 130}, {5, 300}, {128, 64}}) {
       const Problem p(1, 4, 2, lq, lk, 64, 64, lq + lk);
-      for (const auto& [name, mask] : masks_for(p)) {
+      for (const auto& [name, mask] : test::sweep_masks(p)) {
         expect_within_rule(p, dtype, mask, name + " Lq=" + std::to_string(lq));
       }
     }
@@ -249,8 +165,8 @@ TEST(FusedModifiers, MatchTheReference) {
                               }()}) {
       const Result fused = run_kernel(q, DType::f32, mask, variant, Kernel::fused);
       const Result oracle = run_kernel(q, DType::f32, mask, variant, Kernel::reference);
-      EXPECT_LE(max_error(fused.out, oracle.out), 2e-5) << "Lq=" << lq;
-      EXPECT_LE(max_error(fused.lse, oracle.lse), 2e-5) << "Lq=" << lq;
+      EXPECT_LE(test::max_error(fused.out, oracle.out), 2e-5) << "Lq=" << lq;
+      EXPECT_LE(test::max_error(fused.lse, oracle.lse), 2e-5) << "Lq=" << lq;
     }
   }
 }
@@ -260,7 +176,7 @@ TEST(FusedLayouts, StridedAndConvertedInputs) {
   const Problem p(2, 2, 2, 70, 90, 16, 8, 31);
   const Result expected = run_kernel(p, DType::f32, Mask().causal(), {}, Kernel::reference);
   for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
-    const Buffer q(p.q, dtype), k(p.k, dtype), v(p.v, dtype);
+    const test::DTypeBuffer q(p.q, dtype), k(p.k, dtype), v(p.v, dtype);
     // Re-lay K as BLHD and V with 3 elements of padding per row, in the same dtype.
     const size_t width = dtype_size(dtype);
     std::vector<uint8_t> k_blhd(p.k.size() * width), v_padded(2 * 2 * 90 * 11 * width);
@@ -276,13 +192,14 @@ TEST(FusedLayouts, StridedAndConvertedInputs) {
                           (((b * 2 + g) * 90 + j) * 8) * width,
                       8 * width);
         }
-    Buffer out(std::vector<float>(2 * 2 * 70 * 8), dtype);
+    test::DTypeBuffer out(std::vector<float>(2 * 2 * 70 * 8), dtype);
     attention(TensorView(q.words.data(), dtype, {2, 2, 70, 16}),
               TensorView(k_blhd.data(), dtype, {2, 2, 90, 16}, {90 * 2 * 16, 16, 2 * 16, 1}),
               TensorView(v_padded.data(), dtype, {2, 2, 90, 8}, {2 * 90 * 11, 90 * 11, 11, 1}),
               MutableTensorView(out.words.data(), dtype, {2, 2, 70, 8}), Mask().causal());
     const float tolerance = dtype == DType::f32 ? 1e-5f : dtype == DType::f16 ? 4e-3f : 3e-2f;
-    EXPECT_LE(max_error(out.floats(2 * 2 * 70 * 8), expected.out), tolerance) << dtype_name(dtype);
+    EXPECT_LE(test::max_error(out.floats(2 * 2 * 70 * 8), expected.out), tolerance)
+        << dtype_name(dtype);
   }
   // Non-unit inner strides: D read with stride 2.
   std::vector<float> q2(p.q.size() * 2);
@@ -291,7 +208,7 @@ TEST(FusedLayouts, StridedAndConvertedInputs) {
   attention(TensorView(q2.data(), {2, 2, 70, 16}, {2 * 70 * 32, 70 * 32, 32, 2}),
             TensorView(p.k.data(), {2, 2, 90, 16}), TensorView(p.v.data(), {2, 2, 90, 8}),
             MutableTensorView(out.data(), {2, 2, 70, 8}), Mask().causal());
-  EXPECT_LE(max_error(out, expected.out), 1e-5f);
+  EXPECT_LE(test::max_error(out, expected.out), 1e-5f);
 }
 
 TEST(FusedBitwise, OneAndTwoThreadsAgreeInEveryMode) {
@@ -311,8 +228,10 @@ TEST(FusedBitwise, OneAndTwoThreadsAgreeInEveryMode) {
         EXPECT_EQ(one.out, two.out) << "Lq=" << p.Lq << " Lk=" << p.Lk;
         EXPECT_EQ(one.lse, two.lse);
         const Result reference = run_kernel(p, DType::f32, mask, mods, Kernel::reference);
-        EXPECT_LE(max_error(one.out, reference.out), 1e-5f) << "Lq=" << p.Lq << " Lk=" << p.Lk;
-        EXPECT_LE(max_error(one.lse, reference.lse), 1e-4f) << "Lq=" << p.Lq << " Lk=" << p.Lk;
+        EXPECT_LE(test::max_error(one.out, reference.out), 1e-5f)
+            << "Lq=" << p.Lq << " Lk=" << p.Lk;
+        EXPECT_LE(test::max_error(one.lse, reference.lse), 1e-4f)
+            << "Lq=" << p.Lq << " Lk=" << p.Lk;
       }
     }
   }
@@ -324,7 +243,7 @@ TEST(FusedBitwise, SkippedTilesAreExact) {
   const std::vector<Problem> problems = {Problem(1, 2, 1, 200, 150, 32, 32, 5),
                                          Problem(1, 2, 2, 130, 260, 64, 16, 6)};
   for (const Problem& p : problems) {
-    for (const auto& [name, mask] : masks_for(p)) {
+    for (const auto& [name, mask] : test::sweep_masks(p)) {
       const Result on = run_kernel(p, DType::f32, mask, {}, Kernel::fused, 0, true);
       const Result off = run_kernel(p, DType::f32, mask, {}, Kernel::fused, 0, false);
       EXPECT_EQ(on.out, off.out) << name;
@@ -467,8 +386,8 @@ TEST(MergePartials, SplittingKeysAndMergingEqualsTheWhole) {
                   {TensorView(b.out.data(), {1, 2, 5, 8}), TensorView(b.lse.data(), {1, 2, 5})}},
                  MutableTensorView(out.data(), {1, 2, 5, 8}),
                  MutableTensorView(lse.data(), {1, 2, 5}));
-  EXPECT_LE(max_error(out, whole.out), 1e-6f);
-  EXPECT_LE(max_error(lse, whole.lse), 1e-6f);
+  EXPECT_LE(test::max_error(out, whole.out), 1e-6f);
+  EXPECT_LE(test::max_error(lse, whole.lse), 1e-6f);
 }
 
 TEST(MergePartials, AnEmptyPartChangesNothing) {

@@ -3,8 +3,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -65,6 +68,85 @@ CliResult run_cli(const std::string& arguments) {
   result.out = slurp(dir.path("out"));
   result.err = slurp(dir.path("err"));
   return result;
+}
+
+DTypeBuffer::DTypeBuffer(const std::vector<float>& values, DType type)
+    : dtype(type), words(values.size()) {
+  for (size_t n = 0; n < values.size(); ++n) {
+    if (dtype == DType::f32) {
+      std::memcpy(&words[n], &values[n], 4);
+    } else {
+      const uint16_t bits = dtype == DType::f16 ? float16_from_float(values[n]).bits
+                                                : bfloat16_from_float(values[n]).bits;
+      std::memcpy(reinterpret_cast<uint16_t*>(words.data()) + n, &bits, 2);
+    }
+  }
+}
+float DTypeBuffer::at(size_t n) const {
+  if (dtype == DType::f32) {
+    float x;
+    std::memcpy(&x, &words[n], 4);
+    return x;
+  }
+  const uint16_t bits = reinterpret_cast<const uint16_t*>(words.data())[n];
+  return dtype == DType::f16 ? to_float(float16{bits}) : to_float(bfloat16{bits});
+}
+std::vector<float> DTypeBuffer::floats(size_t count) const {
+  std::vector<float> out(count);
+  for (size_t n = 0; n < count; ++n) out[n] = at(n);
+  return out;
+}
+
+float max_error(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  float worst = 0.0f;
+  for (size_t n = 0; n < a.size(); ++n) {
+    if (std::isnan(a[n]) != std::isnan(b[n])) return INFINITY;
+    if (a[n] == b[n]) continue;  // equal infinities included
+    worst = std::max(worst, std::fabs(a[n] - b[n]));
+  }
+  return worst;
+}
+
+std::vector<std::pair<std::string, Mask>> sweep_masks(const RandomProblem& p) {
+  std::vector<int64_t> seg_q, seg_k, ids, span_q, span_k;
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t i = 0; i < p.Lq; ++i) seg_q.push_back((i + p.Lk - p.Lq + b * 7) / 37);
+    for (int64_t i = 0; i < p.Lq; ++i) span_q.push_back((i + p.Lk - p.Lq) % 50 < 20 ? 1 : 0);
+    for (int64_t j = 0; j < p.Lk; ++j) seg_k.push_back((j + b * 7) / 37);
+    for (int64_t j = 0; j < p.Lk; ++j) span_k.push_back(j % 50 < 20 ? 1 : 0);
+    for (int64_t j = 0; j < p.Lk; ++j) ids.push_back(j % 13 == 12 ? 0 : 1);
+  }
+  std::vector<uint8_t> dense(p.Lq * p.Lk);
+  for (int64_t n = 0; n < p.Lq * p.Lk; ++n) dense[n] = (n * 2654435761u >> 7) % 5 != 0;
+  std::vector<float> additive(p.Lk);
+  for (int64_t j = 0; j < p.Lk; ++j) additive[j] = j % 9 == 0 ? -INFINITY : 0.0f;
+  return {
+      {"none", Mask()},
+      {"causal", Mask().causal()},
+      {"causal top-left", Mask().causal(Alignment::top_left)},
+      {"sliding window 70", Mask().sliding_window(70)},
+      {"window(30,10) & chunk(100)", Mask().window(30, 10).chunk(100)},
+      {"padding", Mask()
+                      .causal()
+                      .key_lengths(std::vector<int64_t>(p.B, p.Lk * 2 / 3))
+                      .query_lengths(std::vector<int64_t>(p.B, std::max<int64_t>(p.Lq - 5, 0)))},
+      {"left padding", Mask().causal().key_starts(std::vector<int64_t>(p.B, p.Lk / 4))},
+      {"token ids", Mask().key_pad_id(Array<int64_t>({p.B, p.Lk}, ids), 0)},
+      {"segments", Mask().causal().segments(Array<int64_t>({p.B, p.Lq}, seg_q),
+                                            Array<int64_t>({p.B, p.Lk}, seg_k))},
+      {"spans & prefix",
+       Mask()
+           .causal()
+           .spans(Array<int64_t>({p.B, p.Lq}, span_q), Array<int64_t>({p.B, p.Lk}, span_k))
+           .prefix_lm(9)},
+      {"dense keep", Mask().keep(Array<uint8_t>({p.Lq, p.Lk}, dense))},
+      {"additive -inf", Mask().additive(Array<float>({p.Lk}, additive))},
+      {"per head", Mask().causal(HeadSet{0}).sliding_window(40, HeadSet::range(1, p.Hq))},
+      {"predicate", Mask().predicate([](int64_t, int64_t h, int64_t i, int64_t j) {
+         return (i + 2 * j + h) % 7 != 3;
+       })},
+  };
 }
 
 }  // namespace maskattn::test

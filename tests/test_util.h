@@ -38,6 +38,25 @@ struct RandomProblem {
   MaskShape shape() const { return {B, Hq, Lq, Lk}; }
 };
 
+// Values rounded to `dtype` and stored in that dtype's bits (16-bit types) or as f32.
+struct DTypeBuffer {
+  DType dtype;
+  std::vector<uint32_t> words;  // enough room for either width
+  DTypeBuffer(const std::vector<float>& values, DType type);
+  float at(size_t n) const;
+  std::vector<float> floats(size_t count) const;
+  TensorView view(const Dims& shape) const { return TensorView(words.data(), dtype, shape); }
+  MutableTensorView mutable_view(const Dims& shape) {
+    return MutableTensorView(words.data(), dtype, shape);
+  }
+};
+
+// Max |a − b|; infinite when only one side is NaN or the sizes differ (NaN must not hide).
+float max_error(const std::vector<float>& a, const std::vector<float>& b);
+
+// Every mask component alone and in the usual combinations, sized for p (the kernel sweeps).
+std::vector<std::pair<std::string, Mask>> sweep_masks(const RandomProblem& p);
+
 // The allowed grid of one (batch, head) as rows of '1' (allowed) and '.' (hidden), e.g.
 // {"1...", "11..", "111.", "1111"} for causal with Lq = Lk = 4.
 std::vector<std::string> grid(const Mask& mask, const MaskShape& shape, int64_t b = 0,

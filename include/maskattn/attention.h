@@ -55,6 +55,32 @@ struct PartialResult {
 void merge_partials(const std::vector<PartialResult>& parts, const MutableTensorView& out,
                     const MutableTensorView& lse = {});
 
+// ---- backward -----------------------------------------------------------------------------------
+//
+// Gradients of a loss L with respect to the inputs of attention(), given dO = ∂L/∂O (DESIGN.md §4):
+//   P = exp(S − LSE)   D_i = Σ_e dO_ie·O_ie   dV = Pᵀ·dO   dP = dO·Vᵀ   dS = P∘(dP − D)
+//   dQ = scale·dS'·K   dK = scale·dS'ᵀ·Q      with dS' = dS through the modifiers' chain rule
+// (softcap: ×(1 − tanh²(s/cap)); ALiBi, bias, additive masks: ×1; a pair below the threshold is
+// hidden and gets 0). Hidden pairs contribute nothing: a fully hidden row has dQ = 0, a key no
+// query sees has dK = dV = 0, exactly, whatever the inputs hold there.
+struct Gradients {
+  MutableTensorView dq;  // [B, Hq, Lq, D], q's dtype
+  MutableTensorView dk;  // [B, Hkv, Lk, D], summed over the query heads sharing a kv head
+  MutableTensorView dv;  // [B, Hkv, Lk, Dv]
+  MutableTensorView
+      dbias;  // optional: ∂L/∂bias, f32, the shape of mods.bias (broadcast axes summed)
+  MutableTensorView dsinks;  // optional: ∂L/∂sinks, f32 [Hq]
+};
+
+// `out` and `lse` are what attention() returned for these inputs, mask and modifiers (the fused
+// kernel recomputes P from them; the reference kernel recomputes everything in f64 and reads
+// them only for their shapes). `dout` has out's shape and dtype. Gradients are overwritten, not
+// accumulated. Bitwise identical for any thread count. A score_fn has no derivative: Error.
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& lse, const TensorView& dout,
+                        const Gradients& grads, const Mask& mask = {}, const ScoreMods& mods = {},
+                        const Options& options = {});
+
 // The materialised softmax weights P [B, Hq, Lq, Lk] (f32), for inspection and heatmaps. Hidden
 // pairs get exactly 0. Costs B·Hq·Lq·Lk floats: a debugging tool, not a compute path.
 void attention_weights(const TensorView& q, const TensorView& k, const MutableTensorView& weights,

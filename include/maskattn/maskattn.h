@@ -5,6 +5,7 @@
 #include "maskattn/attention.h"
 #include "maskattn/dtype.h"
 #include "maskattn/error.h"
+#include "maskattn/gradcheck.h"
 #include "maskattn/mask.h"
 #include "maskattn/mask_spec.h"
 #include "maskattn/npy.h"

@@ -24,6 +24,7 @@
 #include "kernels/bf16_dot.h"
 #include "kernels/fused_block.h"
 #include "kernels/merge.h"
+#include "kernels/work_items.h"
 
 namespace maskattn::detail::fused {
 
@@ -33,6 +34,8 @@ constexpr int64_t kRowModeQueries = 8;    // at most this many queries: the row 
 constexpr int64_t kChunkKeys = 4096;      // key chunk of split-key decoding (multiple of kTileK)
 constexpr int64_t kSplitBelowItems = 16;  // split keys when fewer (b, kv head, rows) items exist
 
+struct Forward;  // tag of this driver's reused() buffers
+
 struct Item {
   int64_t b = 0, h = 0;                   // tile mode: one head; row mode: any head of the kv group
   int64_t q_first = 0, q_count = 0;       // tile mode
@@ -41,43 +44,6 @@ struct Item {
   int64_t cost = 0;
   int64_t partial = -1;  // row mode with split keys: index of the partial-result slot
 };
-
-// A vector of the calling thread kept across calls: a fresh allocation of this size would be a
-// fresh mmap and page faults. (A reference to it is what parallel regions must capture: naming a
-// thread_local inside them would reach each worker's own, empty, instance.)
-template <typename T, int kSlot = 0>
-std::vector<T>& reused() {
-  thread_local std::vector<T> storage;
-  return storage;
-}
-
-// Runs body(index) for every item, longest first, on OpenMP threads; rethrows the first exception
-// (from a user predicate or score_fn) on the calling thread.
-template <typename Body>
-void run_items(const std::vector<Item>& items, int requested_threads, Body&& body) {
-  std::vector<int64_t>& order = reused<int64_t>();
-  order.resize(items.size());
-  for (size_t n = 0; n < order.size(); ++n) order[n] = static_cast<int64_t>(n);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return items[a].cost > items[b].cost; });
-  const int threads = static_cast<int>(
-      std::min<int64_t>(requested_threads > 0 ? requested_threads : omp_get_max_threads(),
-                        static_cast<int64_t>(items.size())));
-  std::exception_ptr failure;
-  std::atomic<bool> failed{false};
-#pragma omp parallel for schedule(dynamic, 1) num_threads(std::max(threads, 1))
-  for (size_t n = 0; n < order.size(); ++n) {
-    if (failed.load(std::memory_order_relaxed)) continue;
-    try {
-      body(order[n]);
-    } catch (...) {
-#pragma omp critical(maskattn_fused_failure)
-      if (!failure) failure = std::current_exception();
-      failed = true;
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
-}
 
 }  // namespace
 
@@ -95,7 +61,7 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   const bool convert = !row_mode && !bf16_dot &&
                        (p.k.dtype() != DType::f32 || p.k.stride(3) != 1 || p.v.stride(3) != 1);
   if (convert) {
-    std::vector<float>& kv = reused<float>();
+    std::vector<float>& kv = reused<float, Forward>();
     const int64_t keys = p.k.size(0) * p.k.size(1) * p.k_len;
     kv.resize(keys * (p.head_dim + p.value_dim));
     convert_to_f32(p.k, kv.data(), p.threads);
@@ -113,7 +79,7 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   context.bf16_dot = bf16_dot;
   if (bf16_dot) {
     // Pair up value rows once for all query blocks (bf16_dot.h layouts).
-    std::vector<uint32_t>& pairs = reused<uint32_t>();
+    std::vector<uint32_t>& pairs = reused<uint32_t, Forward>();
     const int64_t pair_rows = (p.k_len + 1) / 2;
     pairs.resize(p.batch * p.kv_heads * pair_rows * p.value_dim);
     const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
@@ -137,7 +103,7 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   }
 
   // ---- plan ----
-  std::vector<Item>& items = reused<Item>();
+  std::vector<Item>& items = reused<Item, Forward>();
   items.clear();
   const int64_t group = p.kv_heads > 0 ? p.q_heads / p.kv_heads : 0;
   // Row mode: the rows (h, i) of one (b, g), in order; batches of kMaxRows.
@@ -191,8 +157,8 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   }
 
   // Partial results of split-key items: [item][row][Dv] and [item][row].
-  std::vector<float>& partial_out = reused<float, 1>();
-  std::vector<float>& partial_lse = reused<float, 2>();
+  std::vector<float>& partial_out = reused<float, Forward, 1>();
+  std::vector<float>& partial_lse = reused<float, Forward, 2>();
   if (chunks > 1) {
     partial_out.resize(items.size() * kMaxRows * p.value_dim);
     partial_lse.resize(items.size() * kMaxRows);
@@ -203,7 +169,9 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   };
 
   // ---- run ----
-  run_items(items, p.threads, [&](int64_t index) {
+  std::vector<int64_t> costs(items.size());
+  for (size_t n = 0; n < items.size(); ++n) costs[n] = items[n].cost;
+  run_longest_first(costs, p.threads, [&](int64_t index) {
     thread_local Scratch scratch;
     scratch.reserve(p.head_dim, p.value_dim);
     const Item& item = items[index];

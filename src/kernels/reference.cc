@@ -189,6 +189,169 @@ void forward(const Problem& p, const MutableTensorView& out, const MutableTensor
   });
 }
 
+void forward_f64(const Problem& p, double* out) {
+  for_each_row(p, [&](int64_t b, int64_t h, int64_t i, RowScratch& scratch) {
+    row_scores(p, b, h, i, ScoreStage::final, scratch);
+    row_softmax(p, h, scratch);
+    double* row = out + ((b * p.q_heads + h) * p.q_len + i) * p.value_dim;
+    std::fill(row, row + p.value_dim, 0.0);
+    const int64_t kv_h = p.kv_head(h);
+    for (int64_t j = 0; j < p.k_len; ++j) {
+      if (scratch.scores[j] == kNegInf) continue;
+      const int64_t v_offset = p.v.offset({b, kv_h, j, 0});
+      for (int64_t d = 0; d < p.value_dim; ++d) {
+        row[d] += scratch.weights[j] * element(p.v, v_offset + d * p.v.stride(3));
+      }
+    }
+  });
+}
+
+namespace {
+
+// One (b, kv head) of the backward: the rows of every query head sharing kv head g, in order,
+// each adding into this pair's own dK and dV (f64, [Lk][D] and [Lk][Dv]).
+struct BackwardScratch {
+  explicit BackwardScratch(const Problem& p)
+      : row(p),
+        s0(p.k_len),
+        dout_row(p.value_dim),
+        o_row(p.value_dim),
+        dq_row(p.head_dim),
+        dk(p.k_len * p.head_dim),
+        dv(p.k_len * p.value_dim) {}
+  RowScratch row;
+  std::vector<double> s0;        // [Lk] scale·q·k before any modifier (softcap's derivative)
+  std::vector<double> dout_row;  // [Dv]
+  std::vector<double> o_row;     // [Dv]
+  std::vector<double> dq_row;    // [D]
+  std::vector<double> dk, dv;
+};
+
+void backward_kv_head(const Problem& p, const TensorView& dout, const Gradients& grads, int64_t b,
+                      int64_t g, BackwardScratch& scratch, double* dbias, double* dsinks) {
+  const ResolvedMods& mods = *p.mods;
+  RowScratch& row = scratch.row;
+  std::fill(scratch.dk.begin(), scratch.dk.end(), 0.0);
+  std::fill(scratch.dv.begin(), scratch.dv.end(), 0.0);
+  const int64_t group = p.q_heads / p.kv_heads;
+  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+    for (int64_t i = 0; i < p.q_len; ++i) {
+      // Forward, recomputed: s0 (scaled), s (final, −inf when hidden), P, O_i.
+      row_scores(p, b, h, i, ScoreStage::scaled, row);
+      std::copy(row.scores.begin(), row.scores.end(), scratch.s0.begin());
+      for (int64_t j = 0; j < p.k_len; ++j) {
+        row.scores[j] =
+            p.mask->allowed(b, h, i, j) ? modified_score(p, b, h, i, j, scratch.s0[j]) : kNegInf;
+      }
+      const double lse = row_softmax(p, h, row);
+      std::fill(scratch.dq_row.begin(), scratch.dq_row.end(), 0.0);
+      const bool has_keys =
+          std::any_of(row.scores.begin(), row.scores.end(), [](double s) { return s != kNegInf; });
+      if (has_keys) {
+        load_row(dout, dout.offset({b, h, i, 0}), dout.stride(3), p.value_dim,
+                 scratch.dout_row.data());
+        std::fill(scratch.o_row.begin(), scratch.o_row.end(), 0.0);
+        for (int64_t j = 0; j < p.k_len; ++j) {
+          if (row.scores[j] == kNegInf) continue;
+          load_row(p.v, p.v.offset({b, g, j, 0}), p.v.stride(3), p.value_dim, row.out_row.data());
+          for (int64_t e = 0; e < p.value_dim; ++e) {
+            scratch.o_row[e] += row.weights[j] * row.out_row[e];
+          }
+        }
+        // D_i = Σ_e dO_ie·O_ie = Σ_j P_ij·dP_ij: the softmax Jacobian's rank-one term.
+        double D = 0.0;
+        for (int64_t e = 0; e < p.value_dim; ++e) D += scratch.dout_row[e] * scratch.o_row[e];
+        load_row(p.q, p.q.offset({b, h, i, 0}), p.q.stride(3), p.head_dim, row.q_row.data());
+        for (int64_t j = 0; j < p.k_len; ++j) {
+          if (row.scores[j] == kNegInf) continue;  // hidden: no gradient flows
+          const double P = row.weights[j];
+          load_row(p.v, p.v.offset({b, g, j, 0}), p.v.stride(3), p.value_dim, row.out_row.data());
+          double dP = 0.0;  // dP_ij = dO_i·V_j
+          for (int64_t e = 0; e < p.value_dim; ++e) {
+            dP += scratch.dout_row[e] * row.out_row[e];
+            scratch.dv[j * p.value_dim + e] += P * scratch.dout_row[e];  // dV_j += P_ij·dO_i
+          }
+          double dS = P * (dP - D);  // ∂L/∂s_ij, s the final score (softmax backward)
+          if (dbias != nullptr) dbias[mods.bias_index.offset(b, h, i, j)] += dS;
+          if (mods.softcap) {  // s = cap·tanh(s0/cap)  ⇒  ∂s/∂s0 = 1 − tanh²(s0/cap)
+            const double t = std::tanh(scratch.s0[j] / *mods.softcap);
+            dS *= 1.0 - t * t;
+          }
+          load_row(p.k, p.k.offset({b, g, j, 0}), p.k.stride(3), p.head_dim, row.k_row.data());
+          for (int64_t d = 0; d < p.head_dim; ++d) {
+            scratch.dq_row[d] += p.scale * dS * row.k_row[d];  // dQ_i += scale·dS·K_j
+            scratch.dk[j * p.head_dim + d] += p.scale * dS * row.q_row[d];  // dK_j += scale·dS·Q_i
+          }
+        }
+        // A sink is a logit σ_h in the denominator with no value: ∂L/∂σ_h = −Σ_i P_i,sink·D_i.
+        if (dsinks != nullptr && mods.sinks != nullptr) {
+          dsinks[h] -= std::exp(static_cast<double>(mods.sinks[h]) - lse) * D;
+        }
+      }
+      const int64_t dq_offset = grads.dq.offset({b, h, i, 0});
+      for (int64_t d = 0; d < p.head_dim; ++d) {
+        store(grads.dq, dq_offset + d * grads.dq.stride(3), scratch.dq_row[d]);
+      }
+    }
+  }
+  for (int64_t j = 0; j < p.k_len; ++j) {
+    for (int64_t d = 0; d < p.head_dim; ++d) {
+      store(grads.dk, grads.dk.offset({b, g, j, d}), scratch.dk[j * p.head_dim + d]);
+    }
+    for (int64_t e = 0; e < p.value_dim; ++e) {
+      store(grads.dv, grads.dv.offset({b, g, j, e}), scratch.dv[j * p.value_dim + e]);
+    }
+  }
+}
+
+}  // namespace
+
+void backward(const Problem& p, const TensorView& dout, const Gradients& grads) {
+  const bool shared_outputs = !grads.dbias.is_null() || !grads.dsinks.is_null();
+  std::vector<double> dbias, dsinks;
+  if (!grads.dbias.is_null()) dbias.assign(grads.dbias.numel(), 0.0);
+  if (!grads.dsinks.is_null()) dsinks.assign(p.q_heads, 0.0);
+  const int64_t pairs = p.batch * p.kv_heads;
+  const int requested = p.threads > 0 ? p.threads : omp_get_max_threads();
+  const int threads = shared_outputs ? 1 : static_cast<int>(std::min<int64_t>(requested, pairs));
+  std::exception_ptr failure;
+#pragma omp parallel num_threads(std::max(threads, 1))
+  {
+    std::optional<BackwardScratch> scratch;
+    try {
+      scratch.emplace(p);
+    } catch (...) {
+#pragma omp critical(maskattn_reference_failure)
+      if (!failure) failure = std::current_exception();
+    }
+#pragma omp for schedule(static)
+    for (int64_t pair = 0; pair < pairs; ++pair) {
+      if (!scratch) continue;
+      try {
+        backward_kv_head(p, dout, grads, pair / p.kv_heads, pair % p.kv_heads, *scratch,
+                         dbias.empty() ? nullptr : dbias.data(),
+                         dsinks.empty() ? nullptr : dsinks.data());
+      } catch (...) {
+#pragma omp critical(maskattn_reference_failure)
+        if (!failure) failure = std::current_exception();
+      }
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  // dbias is laid out as the bias array is (row-major); the view may have any strides.
+  for (int64_t n = 0; n < static_cast<int64_t>(dbias.size()); ++n) {
+    int64_t rest = n, offset = 0;
+    for (int axis = grads.dbias.rank() - 1; axis >= 0; --axis) {
+      offset += (rest % grads.dbias.size(axis)) * grads.dbias.stride(axis);
+      rest /= grads.dbias.size(axis);
+    }
+    store(grads.dbias, offset, dbias[n]);
+  }
+  for (int64_t h = 0; h < static_cast<int64_t>(dsinks.size()); ++h) {
+    store(grads.dsinks, h * grads.dsinks.stride(0), dsinks[h]);
+  }
+}
+
 void weights(const Problem& p, const MutableTensorView& weights) {
   for_each_row(p, [&](int64_t b, int64_t h, int64_t i, RowScratch& scratch) {
     row_scores(p, b, h, i, ScoreStage::final, scratch);

@@ -1,0 +1,88 @@
+// attention_backward(): validate once at the boundary, then run the reference or fused backward.
+// Every check here has an entry in docs/errors.md.
+#include <string>
+#include <utility>
+
+#include "kernels/fused_backward.h"
+#include "kernels/reference.h"
+#include "maskattn/attention.h"
+#include "maskattn/error.h"
+#include "validate.h"
+
+namespace maskattn {
+
+namespace {
+
+using detail::Problem;
+
+// An input that must have exactly the shape and dtype the forward gave it.
+void require_input(const TensorView& t, const Dims& expected, DType dtype, const std::string& name,
+                   const std::string& derived_from) {
+  detail::require_view(t, static_cast<int>(expected.size()), name, shape_string(expected).c_str());
+  if (t.sizes() != expected) {
+    throw Error(name + " has shape " + t.shape_string() + " but must be " + shape_string(expected) +
+                " (from " + derived_from + ")");
+  }
+  if (t.dtype() != dtype) {
+    throw Error(name + " has dtype " + dtype_name(t.dtype()) + " but must be " + dtype_name(dtype));
+  }
+}
+
+}  // namespace
+
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& lse, const TensorView& dout,
+                        const Gradients& grads, const Mask& mask, const ScoreMods& mods,
+                        const Options& options) {
+  Problem p = detail::make_problem(q, k, &v, options);
+  const std::string qv = "q " + q.shape_string() + " and v " + v.shape_string();
+  const Dims out_shape = {p.batch, p.q_heads, p.q_len, p.value_dim};
+  require_input(out, out_shape, q.dtype(), "out", qv);
+  require_input(dout, out_shape, q.dtype(), "dout", qv);
+  require_input(lse, {p.batch, p.q_heads, p.q_len}, DType::f32, "lse", "q " + q.shape_string());
+
+  std::vector<std::pair<const MutableTensorView*, std::string>> outputs = {
+      {&grads.dq, "dq"}, {&grads.dk, "dk"}, {&grads.dv, "dv"}};
+  detail::require_output(grads.dq, q.sizes(), q.dtype(), "dq", "q " + q.shape_string());
+  detail::require_output(grads.dk, k.sizes(), q.dtype(), "dk", "k " + k.shape_string());
+  detail::require_output(grads.dv, v.sizes(), q.dtype(), "dv", "v " + v.shape_string());
+  if (mods.score_fn) {
+    throw Error(
+        "attention_backward: mods.score_fn is an opaque callable with no derivative; the backward "
+        "supports softcap, alibi_slopes, bias, threshold and sinks");
+  }
+  if (!grads.dbias.is_null()) {
+    if (!mods.bias) throw Error("grads.dbias is given but mods.bias is not set");
+    detail::require_output(grads.dbias, mods.bias->shape(), DType::f32, "dbias",
+                           "bias " + shape_string(mods.bias->shape()));
+    outputs.emplace_back(&grads.dbias, "dbias");
+  }
+  if (!grads.dsinks.is_null()) {
+    if (mods.sinks.empty()) throw Error("grads.dsinks is given but mods.sinks is not set");
+    detail::require_output(grads.dsinks, {p.q_heads}, DType::f32, "dsinks",
+                           "q " + q.shape_string() + " heads");
+    outputs.emplace_back(&grads.dsinks, "dsinks");
+  }
+  const std::pair<const TensorView*, const char*> inputs[] = {
+      {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}, {&dout, "dout"}};
+  for (size_t n = 0; n < outputs.size(); ++n) {
+    const auto& [output, name] = outputs[n];
+    for (const auto& [input, input_name] : inputs) {
+      detail::require_disjoint(*output, name, *input, input_name);
+    }
+    for (size_t m = 0; m < n; ++m) {
+      detail::require_disjoint(*output, name, *outputs[m].first, outputs[m].second);
+    }
+  }
+  if (options.check_finite) detail::require_finite(dout, "dout");
+
+  detail::resolve_and_run(p, mask, mods, options, [&](const Problem& checked) {
+    if (options.kernel == Kernel::reference) {
+      detail::reference::backward(checked, dout, grads);
+    } else {
+      detail::fused::backward(checked, out, lse, dout, grads, options.block_skipping);
+    }
+  });
+}
+
+}  // namespace maskattn

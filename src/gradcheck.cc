@@ -1,0 +1,154 @@
+// gradcheck(): attention_backward() against central finite differences of the f64 reference.
+#include "maskattn/gradcheck.h"
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/element.h"
+#include "kernels/reference.h"
+#include "mask/resolved_mask.h"
+#include "mask/resolved_mods.h"
+#include "maskattn/error.h"
+#include "validate.h"
+
+namespace maskattn {
+
+namespace {
+
+// A tensor's values as a contiguous f32 copy, and a view of it (perturbed in place).
+struct F32Copy {
+  std::vector<float> values;
+  TensorView view;
+  explicit F32Copy(const TensorView& t) : values(static_cast<size_t>(t.numel())) {
+    std::array<int64_t, 4> index{};
+    for (int64_t n = 0; n < t.numel(); ++n) {
+      int64_t rest = n;
+      for (int axis = t.rank() - 1; axis >= 0; --axis) {
+        index[axis] = rest % t.size(axis);
+        rest /= t.size(axis);
+      }
+      values[n] = detail::load_float(t, t.offset(index));
+    }
+    view = TensorView(values.data(), t.sizes());
+  }
+};
+
+// A gradient tensor of `shape` in `dtype`, zero-initialised, and its values widened to double.
+struct GradientBuffer {
+  Dims shape;
+  DType dtype;
+  std::vector<uint8_t> bytes;
+  GradientBuffer(Dims dims, DType type)
+      : shape(std::move(dims)),
+        dtype(type),
+        bytes(static_cast<size_t>(checked_numel(shape, "gradient")) * dtype_size(type)) {}
+  MutableTensorView view() { return MutableTensorView(bytes.data(), dtype, shape); }
+  double at(int64_t n) const {
+    return detail::load_float(TensorView(bytes.data(), dtype, shape), n);
+  }
+};
+
+double default_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return 1e-4;
+    case DType::f16:
+      return 2e-2;
+    case DType::bf16:
+      return 1e-1;
+  }
+  return 1e-4;
+}
+
+}  // namespace
+
+GradcheckReport gradcheck(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& dout, const Mask& mask, const ScoreMods& mods,
+                          const Options& options, const GradcheckOptions& check) {
+  if (!(check.step > 0) || !std::isfinite(check.step)) {
+    throw Error("gradcheck: step = " + std::to_string(check.step) + " must be finite and > 0");
+  }
+  if (check.tolerance && !(*check.tolerance >= 0)) {
+    throw Error("gradcheck: tolerance must be ≥ 0");
+  }
+  // ---- analytic: the forward and backward as the caller would run them ----
+  detail::Problem shape = detail::make_problem(q, k, &v, options);
+  const Dims out_shape = {shape.batch, shape.q_heads, shape.q_len, shape.value_dim};
+  GradientBuffer out(out_shape, q.dtype());
+  std::vector<float> lse(static_cast<size_t>(shape.batch * shape.q_heads * shape.q_len));
+  const MutableTensorView lse_view(lse.data(), {shape.batch, shape.q_heads, shape.q_len});
+  attention(q, k, v, out.view(), mask, mods, options, lse_view);
+
+  GradientBuffer dq(q.sizes(), q.dtype()), dk(k.sizes(), q.dtype()), dv(v.sizes(), q.dtype());
+  std::optional<GradientBuffer> dbias, dsinks;
+  Gradients grads{dq.view(), dk.view(), dv.view(), {}, {}};
+  if (mods.bias) {
+    dbias.emplace(mods.bias->shape(), DType::f32);
+    grads.dbias = dbias->view();
+  }
+  if (!mods.sinks.empty()) {
+    dsinks.emplace(Dims{static_cast<int64_t>(mods.sinks.size())}, DType::f32);
+    grads.dsinks = dsinks->view();
+  }
+  attention_backward(q, k, v, out.view(), lse_view, dout, grads, mask, mods, options);
+
+  // ---- finite differences of L = Σ dout∘O, f64 reference forward ----
+  F32Copy qc(q), kc(k), vc(v), weights(dout);
+  std::vector<float> bias_values = mods.bias ? mods.bias->values() : std::vector<float>{};
+  std::vector<float> sink_values = mods.sinks;
+  detail::Problem p = detail::make_problem(qc.view, kc.view, &vc.view, options);
+  p.threads = 1;
+  const detail::ResolvedMask resolved_mask(mask, detail::mask_shape_of(p));
+  detail::ResolvedMods resolved_mods(mods, detail::mask_shape_of(p));
+  if (mods.bias) resolved_mods.bias = bias_values.data();
+  if (!mods.sinks.empty()) resolved_mods.sinks = sink_values.data();
+  p.mask = &resolved_mask;
+  p.mods = &resolved_mods;
+  std::vector<double> o(static_cast<size_t>(checked_numel(out_shape, "out")));
+  const auto loss = [&] {
+    detail::reference::forward_f64(p, o.data());
+    double sum = 0.0;
+    for (size_t n = 0; n < o.size(); ++n) sum += double{weights.values[n]} * o[n];
+    return sum;
+  };
+
+  GradcheckReport report;
+  report.tolerance = check.tolerance.value_or(default_tolerance(q.dtype()));
+  report.passed = true;
+  const auto compare = [&](const std::string& name, std::vector<float>& inputs,
+                           const std::function<double(int64_t)>& analytic) {
+    GradcheckEntry entry;
+    entry.tensor = name;
+    entry.count = static_cast<int64_t>(inputs.size());
+    double max_error = 0.0, max_fd = 0.0;
+    for (size_t n = 0; n < inputs.size(); ++n) {
+      const float x = inputs[n];
+      const float up = static_cast<float>(x + check.step);
+      const float down = static_cast<float>(x - check.step);
+      inputs[n] = up;
+      const double loss_up = loss();
+      inputs[n] = down;
+      const double loss_down = loss();
+      inputs[n] = x;
+      const double fd = (loss_up - loss_down) / (double{up} - double{down});
+      const double error = std::fabs(analytic(static_cast<int64_t>(n)) - fd);
+      max_error = std::isnan(error) ? NAN : std::max(max_error, error);
+      max_fd = std::max(max_fd, std::fabs(fd));
+    }
+    entry.max_abs_error = max_error;
+    entry.max_magnitude = max_fd;
+    entry.max_relative_error = max_fd > 0 ? max_error / max_fd : max_error;
+    report.passed &= entry.max_relative_error <= report.tolerance;  // false for NaN
+    report.entries.push_back(entry);
+  };
+  compare("dq", qc.values, [&](int64_t n) { return dq.at(n); });
+  compare("dk", kc.values, [&](int64_t n) { return dk.at(n); });
+  compare("dv", vc.values, [&](int64_t n) { return dv.at(n); });
+  if (dbias) compare("dbias", bias_values, [&](int64_t n) { return dbias->at(n); });
+  if (dsinks) compare("dsinks", sink_values, [&](int64_t n) { return dsinks->at(n); });
+  return report;
+}
+
+}  // namespace maskattn

@@ -1,0 +1,212 @@
+// The fused backward's driver: converts what needs converting, precomputes D_i = Σ dO_i∘O_i per
+// row, plans work items that own key tiles, runs them, and sums the per-chunk dQ partials.
+//
+// Work items. An item is (b, kv head, chunk): the key tiles t with t % chunks == chunk, dealt
+// round-robin so that a causal mask's cheap late tiles and expensive early ones mix. The item
+// owns dK and dV of its tiles; dQ rows get one partial per chunk, summed in chunk order at the
+// end. The number of chunks depends on the shapes only (enough items for kTargetItems threads),
+// never on the thread count, so results are bitwise identical for any number of threads. With
+// dbias, items that would add into the same bias element (a bias broadcast over batch, heads or
+// keys) are merged into one, which keeps that sum in a fixed order too.
+#include "kernels/fused_backward.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/element.h"
+#include "kernels/fused_backward_block.h"
+#include "kernels/fused_block.h"
+#include "kernels/work_items.h"
+
+namespace maskattn::detail::fused {
+
+namespace {
+
+constexpr int64_t T = kBackwardTile;
+constexpr int64_t kTargetItems = 16;  // split key tiles into chunks until this many items exist
+
+struct Backward;  // tag of this driver's reused() buffers
+
+int thread_count(const Problem& p) {
+  return p.threads > 0 ? p.threads : omp_get_max_threads();
+}
+
+// `t` as f32 rows: in place when it is f32 with contiguous rows, else converted into `buffer`.
+F32Rows f32_rows(const TensorView& t, std::vector<float>& buffer, int threads) {
+  if (t.dtype() == DType::f32 && t.stride(3) == 1) {
+    return {static_cast<const float*>(t.data()), t.stride(0), t.stride(1), t.stride(2)};
+  }
+  buffer.resize(t.numel());
+  convert_to_f32(t, buffer.data(), threads);
+  return {buffer.data(), t.size(1) * t.size(2) * t.size(3), t.size(2) * t.size(3), t.size(3)};
+}
+
+// Writes `values` (row-major, the view's shape) into a view of any strides.
+void store_all(const MutableTensorView& t, const float* values) {
+  const int64_t count = t.numel();
+  for (int64_t n = 0; n < count; ++n) {
+    int64_t rest = n, offset = 0;
+    for (int axis = t.rank() - 1; axis >= 0; --axis) {
+      offset += (rest % t.size(axis)) * t.stride(axis);
+      rest /= t.size(axis);
+    }
+    store_float(t, offset, values[n]);
+  }
+}
+
+}  // namespace
+
+void backward(const Problem& problem, const TensorView& out, const TensorView& lse,
+              const TensorView& dout, const Gradients& grads, bool block_skipping) {
+  const Problem& p = problem;
+  const int threads = thread_count(p);
+  const int64_t rows = p.batch * p.q_heads * p.q_len;
+  const int64_t q_tiles = (p.q_len + T - 1) / T, k_tiles = (p.k_len + T - 1) / T;
+  const ResolvedMods& mods = *p.mods;
+
+  BackwardContext c;
+  c.problem = &p;
+  c.q = f32_rows(p.q, reused<float, Backward, 0>(), threads);
+  c.dout = f32_rows(dout, reused<float, Backward, 1>(), threads);
+  const F32Rows o = f32_rows(out, reused<float, Backward, 2>(), threads);
+
+  // ---- per row: the LSE (contiguous), D_i = Σ_e dO_ie·O_ie; per query tile: finiteness ----
+  std::vector<float>& row_state = reused<float, Backward, 3>();
+  row_state.resize(2 * rows);
+  float* lse_rows = row_state.data();
+  float* delta = row_state.data() + rows;
+  std::vector<uint8_t>& q_finite = reused<uint8_t, Backward>();
+  q_finite.resize(p.batch * p.q_heads * q_tiles);
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t tile = 0; tile < p.batch * p.q_heads * q_tiles; ++tile) {
+    const int64_t bh = tile / q_tiles, b = bh / p.q_heads, h = bh % p.q_heads;
+    const int64_t i_end = std::min(p.q_len, (tile % q_tiles + 1) * T);
+    bool finite = true;
+    for (int64_t i = tile % q_tiles * T; i < i_end; ++i) {
+      const int64_t row = bh * p.q_len + i;
+      const float row_lse = static_cast<const float*>(lse.data())[lse.offset({b, h, i, 0})];
+      const float* dout_row = c.dout.row(b, h, i);
+      const float* o_row = o.row(b, h, i);
+      double sum = 0.0;
+      for (int64_t e = 0; e < p.value_dim; ++e) sum += double{dout_row[e]} * o_row[e];
+      lse_rows[row] = row_lse;
+      // A row without keys has O = 0 and no gradient; dO there may be anything, even NaN.
+      delta[row] = row_lse == -INFINITY ? 0.0f : static_cast<float>(sum);
+      const float* q_row = c.q.row(b, h, i);
+      for (int64_t d = 0; d < p.head_dim; ++d) finite &= (q_row[d] - q_row[d]) == 0.0f;
+      for (int64_t e = 0; e < p.value_dim; ++e) finite &= (dout_row[e] - dout_row[e]) == 0.0f;
+    }
+    q_finite[tile] = finite;
+  }
+  c.lse = lse_rows;
+  c.delta = delta;
+  c.q_tile_finite = q_finite.data();
+
+  // ∂L/∂σ_h = −Σ_{b,i} exp(σ_h − LSE_bhi)·D_bhi: the sink is a key with no value (fixed order).
+  if (!grads.dsinks.is_null()) {
+    for (int64_t h = 0; h < p.q_heads; ++h) {
+      double sum = 0.0;
+      for (int64_t b = 0; b < p.batch; ++b) {
+        for (int64_t i = 0; i < p.q_len; ++i) {
+          const int64_t row = (b * p.q_heads + h) * p.q_len + i;
+          if (lse_rows[row] == -INFINITY) continue;
+          sum -= std::exp(double{mods.sinks[h]} - lse_rows[row]) * delta[row];
+        }
+      }
+      store_float(grads.dsinks, h * grads.dsinks.stride(0), static_cast<float>(sum));
+    }
+  }
+
+  // ---- plan ----
+  const BlockMap blocks(*p.mask, T, T, block_skipping);
+  const TileMaskBuilder tile_masks(*p.mask);
+  c.blocks = &blocks;
+  c.tile_masks = &tile_masks;
+  c.score_mods = mods.softcap || mods.alibi_slopes != nullptr || mods.bias != nullptr ||
+                 mods.threshold || p.mask->has_additive();
+  c.dk = grads.dk;
+  c.dv = grads.dv;
+  std::vector<float>& dbias = reused<float, Backward, 4>();
+  const bool with_dbias = !grads.dbias.is_null();
+  if (with_dbias) {
+    dbias.assign(grads.dbias.numel(), 0.0f);
+    c.dbias = dbias.data();
+  }
+  const auto& bias_stride = mods.bias_index.stride;
+  const bool all_batches = with_dbias && bias_stride[0] == 0 && p.batch > 1;
+  const bool all_kv_heads = with_dbias && bias_stride[1] == 0 && p.kv_heads > 1;
+  const int64_t b_items = all_batches ? 1 : p.batch, g_items = all_kv_heads ? 1 : p.kv_heads;
+  const int64_t base_items = std::max<int64_t>(1, b_items * g_items);
+  c.chunks = std::clamp<int64_t>((kTargetItems + base_items - 1) / base_items, 1,
+                                 std::max<int64_t>(k_tiles, 1));
+  if (with_dbias && bias_stride[3] == 0) c.chunks = 1;  // every key tile adds into one column
+
+  std::vector<BackwardItem> items;
+  std::vector<int64_t> costs;
+  const int64_t group = p.kv_heads > 0 ? p.q_heads / p.kv_heads : 0;
+  for (int64_t bi = 0; bi < b_items; ++bi) {
+    for (int64_t gi = 0; gi < g_items; ++gi) {
+      for (int64_t chunk = 0; chunk < c.chunks; ++chunk) {
+        BackwardItem item;
+        item.b_first = all_batches ? 0 : bi;
+        item.b_end = all_batches ? p.batch : bi + 1;
+        item.g_first = all_kv_heads ? 0 : gi;
+        item.g_end = all_kv_heads ? p.kv_heads : gi + 1;
+        item.chunk = chunk;
+        for (int64_t b = item.b_first; b < item.b_end; ++b) {
+          for (int64_t h = item.g_first * group; h < item.g_end * group; ++h) {
+            for (int64_t kt = chunk; kt < k_tiles; kt += c.chunks) {
+              for (int64_t qt = 0; qt < q_tiles; ++qt) {
+                item.cost += blocks.kind(b, h, qt, kt) != TileKind::empty;
+              }
+            }
+          }
+        }
+        items.push_back(item);
+        costs.push_back(item.cost + 1);
+      }
+    }
+  }
+
+  // ---- run ----
+  c.dq_width = (p.head_dim + 15) / 16 * 16;
+  std::vector<float>& dq_partial = reused<float, Backward, 5>();
+  const int64_t dq_rows = c.chunks * rows;
+  dq_partial.resize(dq_rows * c.dq_width);
+  c.dq_partial = dq_partial.data();
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t row = 0; row < dq_rows; ++row) {
+    std::memset(c.dq_partial + row * c.dq_width, 0, c.dq_width * sizeof(float));
+  }
+  run_longest_first(costs, p.threads, [&](int64_t n) {
+    thread_local BackwardScratch scratch;
+    scratch.reserve(p.head_dim, p.value_dim);
+    backward_item(c, items[n], scratch);
+  });
+
+  // ---- dQ = scale·Σ_chunk partial, chunks in order ----
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> sum(c.dq_width);
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < rows; ++row) {
+      std::fill(sum.begin(), sum.end(), 0.0f);
+      for (int64_t chunk = 0; chunk < c.chunks; ++chunk) {
+        const float* partial = c.dq_partial + (chunk * rows + row) * c.dq_width;
+        for (int64_t d = 0; d < p.head_dim; ++d) sum[d] += partial[d];
+      }
+      for (int64_t d = 0; d < p.head_dim; ++d) sum[d] *= static_cast<float>(p.scale);
+      const int64_t i = row % p.q_len, h = row / p.q_len % p.q_heads;
+      const int64_t b = row / (p.q_len * p.q_heads);
+      store_row(grads.dq, grads.dq.offset({b, h, i, 0}), grads.dq.stride(3), sum.data(),
+                p.head_dim);
+    }
+  }
+  if (with_dbias) store_all(grads.dbias, dbias.data());
+}
+
+}  // namespace maskattn::detail::fused

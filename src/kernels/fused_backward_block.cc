@@ -1,0 +1,434 @@
+// The fused backward kernel's inner loops, compiled once per SIMD target (Highway runtime
+// dispatch).
+//
+// Design (FlashAttention-2's backward, DESIGN.md §4). A work item owns key tiles: for each of its
+// 64-key tiles it walks every 64-query tile of every query head sharing the kv head, in a fixed
+// order, recomputing the scores and weights from the forward's LSE instead of storing them:
+//
+//     S = Q·(scale·K)ᵀ   (+ modifiers, mask)        P = exp(S − LSE)
+//     dP = dO·Vᵀ         dS = P∘(dP − D)            D_i = Σ_e dO_ie·O_ie (precomputed per row)
+//     dVᵀ += dOᵀ·P       dKᵀ += Qᵀ·dS               dQ_chunk += dS·K
+//
+// dK and dV of the tile belong to the item alone (no atomics); dQ gets one partial per chunk of
+// key tiles, summed in chunk order by the driver, so the result does not depend on the threads.
+//
+// Layout: a tile pair is held as S[i][j], keys across SIMD lanes (64 keys = 4 vectors on AVX-512).
+// All five products are then one shape, C[r][x] (+)= Σ_p A(r, p)·B[p][x], with A read as
+// broadcast scalars straight from its own rows (Q, dO, dS) and B a packed tile (Kᵀ, Vᵀ, P, dS,
+// K rows), register blocked 4 rows × 4 vectors like the forward's products.
+//
+// Hidden pairs: P = 0 there (the mask writes −inf before the exp) and dS is selected to 0, so no
+// gradient flows through them. When a tile holds non-finite inputs (padding garbage), the
+// products also skip zero weights, so that 0·inf cannot turn into NaN.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/fused_backward_block.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/element.h"
+#include "kernels/fused_backward_block.h"
+#include "kernels/fused_block.h"
+#include "kernels/simd-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace maskattn::detail::fused {
+namespace HWY_NAMESPACE {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+constexpr int64_t T = kBackwardTile;
+
+// Which products may meet a non-finite value next to a zero weight: guard with A ≠ 0 (the
+// broadcast scalar) or with B ≠ 0 (the lanes).
+enum class Guard { none, a, b };
+
+// C[r][x] (+)= Σ_{p<inner} A[r·a_row + p·a_col]·B[p·b_stride + x] for kRows rows and kVectors
+// vectors of x.
+template <int kRows, int kVectors, Guard kGuard>
+HWY_INLINE void ProductBlock(const float* a, int64_t a_row, int64_t a_col, int64_t inner,
+                             const float* b, int64_t b_stride, bool accumulate,
+                             float* HWY_RESTRICT c, int64_t c_stride) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const VF zero = hn::Zero(df);
+  VF acc[kRows][kVectors];
+  for (int r = 0; r < kRows; ++r) {
+    for (int x = 0; x < kVectors; ++x) {
+      acc[r][x] = accumulate ? hn::LoadU(df, c + r * c_stride + x * N) : zero;
+    }
+  }
+  for (int64_t p = 0; p < inner; ++p, a += a_col, b += b_stride) {
+    VF bv[kVectors];
+    for (int x = 0; x < kVectors; ++x) bv[x] = hn::LoadU(df, b + x * N);
+    for (int r = 0; r < kRows; ++r) {
+      const float scalar = a[r * a_row];
+      if constexpr (kGuard == Guard::a) {
+        if (scalar == 0.0f) continue;
+      }
+      const VF av = hn::Set(df, scalar);
+      for (int x = 0; x < kVectors; ++x) {
+        if constexpr (kGuard == Guard::b) {
+          acc[r][x] =
+              hn::Add(acc[r][x], hn::IfThenElseZero(hn::Ne(bv[x], zero), hn::Mul(av, bv[x])));
+        } else {
+          acc[r][x] = hn::MulAdd(av, bv[x], acc[r][x]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int x = 0; x < kVectors; ++x) hn::StoreU(acc[r][x], df, c + r * c_stride + x * N);
+  }
+}
+
+// The same for `rows` rows and `width` columns (a multiple of the lane count; widths are head dims
+// or tile sizes, far below 2^31 vectors).
+template <Guard kGuard>
+void Product(const float* a, int64_t a_row, int64_t a_col, int64_t inner, const float* b,
+             int64_t b_stride, int64_t width, bool accumulate, float* c, int64_t c_stride,
+             int64_t rows) {
+  const DF df;
+  const int N = static_cast<int>(hn::Lanes(df));
+  const int vectors = static_cast<int>(width / N);
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    int v = 0;
+    for (; v + 4 <= vectors; v += 4) {
+      ProductBlock<4, 4, kGuard>(a + r * a_row, a_row, a_col, inner, b + v * N, b_stride,
+                                 accumulate, c + r * c_stride + v * N, c_stride);
+    }
+    for (; v < vectors; ++v) {
+      ProductBlock<4, 1, kGuard>(a + r * a_row, a_row, a_col, inner, b + v * N, b_stride,
+                                 accumulate, c + r * c_stride + v * N, c_stride);
+    }
+  }
+  for (; r < rows; ++r) {
+    int v = 0;
+    for (; v + 4 <= vectors; v += 4) {
+      ProductBlock<1, 4, kGuard>(a + r * a_row, a_row, a_col, inner, b + v * N, b_stride,
+                                 accumulate, c + r * c_stride + v * N, c_stride);
+    }
+    for (; v < vectors; ++v) {
+      ProductBlock<1, 1, kGuard>(a + r * a_row, a_row, a_col, inner, b + v * N, b_stride,
+                                 accumulate, c + r * c_stride + v * N, c_stride);
+    }
+  }
+}
+
+void ProductGuarded(bool guarded, Guard kind, const float* a, int64_t a_row, int64_t a_col,
+                    int64_t inner, const float* b, int64_t b_stride, int64_t width, bool accumulate,
+                    float* c, int64_t c_stride, int64_t rows) {
+  if (!guarded) {
+    Product<Guard::none>(a, a_row, a_col, inner, b, b_stride, width, accumulate, c, c_stride, rows);
+  } else if (kind == Guard::a) {
+    Product<Guard::a>(a, a_row, a_col, inner, b, b_stride, width, accumulate, c, c_stride, rows);
+  } else {
+    Product<Guard::b>(a, a_row, a_col, inner, b, b_stride, width, accumulate, c, c_stride, rows);
+  }
+}
+
+// One row of K or V as f32 into `out`; returns whether every value is finite.
+bool LoadKeyRow(const TensorView& t, int64_t b, int64_t g, int64_t j, int64_t width, float* out) {
+  const int64_t offset = t.offset({b, g, j, 0});
+  if (t.dtype() == DType::f32 && t.stride(3) == 1) {
+    std::memcpy(out, static_cast<const float*>(t.data()) + offset, width * sizeof(float));
+  } else {
+    for (int64_t d = 0; d < width; ++d) out[d] = load_float(t, offset + d * t.stride(3));
+  }
+  bool finite = true;
+  for (int64_t d = 0; d < width; ++d) finite &= (out[d] - out[d]) == 0.0f;  // false for NaN, ±inf
+  return finite;
+}
+
+// Packs key tile [j0, j0 + rows) of (b, g): scale·Kᵀ, K rows (zero padded to dq_width) and Vᵀ,
+// zero beyond `rows`. Returns whether K and V of the tile are all finite.
+bool PackKeyTile(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, int64_t rows,
+                 BackwardScratch& sc) {
+  const Problem& p = *c.problem;
+  const int64_t dim = p.head_dim, value_dim = p.value_dim;
+  std::memset(sc.k_t, 0, dim * T * sizeof(float));
+  std::memset(sc.k_rows, 0, T * c.dq_width * sizeof(float));
+  std::memset(sc.v_t, 0, value_dim * T * sizeof(float));
+  const float scale = static_cast<float>(p.scale);
+  bool finite = true;
+  for (int64_t j = 0; j < rows; ++j) {
+    float* k_row = sc.k_rows + j * c.dq_width;
+    finite &= LoadKeyRow(p.k, b, g, j0 + j, dim, k_row);
+    for (int64_t d = 0; d < dim; ++d) sc.k_t[d * T + j] = scale * k_row[d];
+    finite &= LoadKeyRow(p.v, b, g, j0 + j, value_dim, sc.row);
+    for (int64_t e = 0; e < value_dim; ++e) sc.v_t[e * T + j] = sc.row[e];
+  }
+  return finite;
+}
+
+// dK_j = scale·dKᵀ[·][j] and dV_j = dVᵀ[·][j], rounded once into the outputs' dtype.
+void StoreKeyTile(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, int64_t rows,
+                  BackwardScratch& sc) {
+  const Problem& p = *c.problem;
+  const float scale = static_cast<float>(p.scale);
+  for (int64_t j = 0; j < rows; ++j) {
+    for (int64_t d = 0; d < p.head_dim; ++d) sc.row[d] = scale * sc.dk_t[d * T + j];
+    store_row(c.dk, c.dk.offset({b, g, j0 + j, 0}), c.dk.stride(3), sc.row, p.head_dim);
+    for (int64_t e = 0; e < p.value_dim; ++e) sc.row[e] = sc.dv_t[e * T + j];
+    store_row(c.dv, c.dv.offset({b, g, j0 + j, 0}), c.dv.stride(3), sc.row, p.value_dim);
+  }
+}
+
+// softcap → ALiBi + bias + additive masks → threshold (DESIGN.md §3) on rows [0, q_count) of the
+// tile, as the forward applies them; softcap also leaves its derivative in cap_grad. `row_bits`
+// (per query, bit j = key j allowed) is null for a full tile.
+void ApplyScoreMods(const BackwardContext& c, int64_t b, int64_t h, int64_t q_first,
+                    int64_t q_count, int64_t j0, int64_t rows, const uint64_t* row_bits,
+                    bool additive, float* HWY_RESTRICT s, float* HWY_RESTRICT cap_grad) {
+  const Problem& p = *c.problem;
+  const ResolvedMods& mods = *p.mods;
+  const ResolvedMask& mask = *p.mask;
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  if (mods.softcap || mods.alibi_slopes != nullptr) {
+    const float cap = mods.softcap ? static_cast<float>(*mods.softcap) : 1.0f;
+    const VF cap_v = hn::Set(df, cap), inverse_cap = hn::Set(df, 1.0f / cap);
+    const VF one = hn::Set(df, 1.0f);
+    const float slope = mods.alibi_slopes != nullptr ? mods.alibi_slopes[h] : 0.0f;
+    for (int64_t i = 0; i < q_count; ++i) {
+      // distance(j) = qpos(i) − kpos(j0 + j) = (qpos(i) − kpos(j0)) − j
+      const int64_t base = mask.qpos(b, q_first + i) - mask.kpos(b, j0);
+      for (size_t j = 0; j < static_cast<size_t>(T); j += N) {
+        VF x = hn::LoadU(df, s + i * T + j);
+        if (mods.softcap) {
+          const VF t = hn::Tanh(df, hn::Mul(x, inverse_cap));
+          hn::StoreU(hn::NegMulAdd(t, t, one), df, cap_grad + i * T + j);  // ∂(cap·tanh(x/cap))/∂x
+          x = hn::Mul(cap_v, t);
+        }
+        if (mods.alibi_slopes != nullptr) {
+          const VF distance = hn::Abs(
+              hn::Sub(hn::Set(df, static_cast<float>(base)), hn::Iota(df, static_cast<float>(j))));
+          x = hn::NegMulAdd(hn::Set(df, slope), distance, x);
+        }
+        hn::StoreU(x, df, s + i * T + j);
+      }
+    }
+  }
+  if (mods.bias != nullptr || additive) {
+    for (int64_t i = 0; i < q_count; ++i) {
+      for (int64_t j = 0; j < rows; ++j) {
+        if (row_bits != nullptr && !((row_bits[i] >> j) & 1)) continue;
+        float& x = s[i * T + j];
+        if (mods.bias != nullptr) x += mods.bias[mods.bias_index.offset(b, h, q_first + i, j0 + j)];
+        if (additive) x += static_cast<float>(mask.additive(b, h, q_first + i, j0 + j));
+      }
+    }
+  }
+  if (mods.threshold) {
+    const VF tau = hn::Set(df, static_cast<float>(*mods.threshold));
+    const VF minus_inf = hn::Set(df, -INFINITY);
+    for (int64_t i = 0; i < q_count; ++i) {
+      for (size_t j = 0; j < static_cast<size_t>(T); j += N) {
+        const VF x = hn::LoadU(df, s + i * T + j);
+        hn::StoreU(hn::IfThenElse(hn::Lt(x, tau), minus_inf, x), df, s + i * T + j);
+      }
+    }
+  }
+}
+
+// Hidden pairs and keys past the tile's end get −inf; `row_bits` null means all keys allowed.
+void ApplyMask(const uint64_t* row_bits, int64_t q_count, int64_t rows, float* HWY_RESTRICT s) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const VF minus_inf = hn::Set(df, -INFINITY);
+  const uint64_t in_tile = rows == 64 ? ~uint64_t{0} : (uint64_t{1} << rows) - 1;
+  for (int64_t i = 0; i < q_count; ++i) {
+    const uint64_t bits = (row_bits != nullptr ? row_bits[i] : ~uint64_t{0}) & in_tile;
+    for (size_t j = 0; j < static_cast<size_t>(T); j += N) {
+      const VF x = hn::LoadU(df, s + i * T + j);
+      hn::StoreU(hn::IfThenElse(LanesFromBits(df, bits, j), x, minus_inf), df, s + i * T + j);
+    }
+  }
+}
+
+// P = exp(S − LSE_i) in place; a row without keys (LSE −inf) gets P = 0. NaN (from NaN inputs or
+// a NaN LSE) stays NaN, so that it reaches the gradients as it reached the forward's output.
+void Weights(const float* lse, int64_t q_count, float* HWY_RESTRICT s) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  for (int64_t i = 0; i < q_count; ++i) {
+    if (lse[i] == -INFINITY) {
+      std::memset(s + i * T, 0, T * sizeof(float));
+      continue;
+    }
+    const VF row_lse = hn::Set(df, lse[i]);
+    for (size_t j = 0; j < static_cast<size_t>(T); j += N) {
+      // ≤ 0 up to rounding when LSE is this row's; capped so that a foreign LSE cannot overflow
+      // the exponent bits.
+      const VF x = hn::Min(hn::Sub(hn::LoadU(df, s + i * T + j), row_lse), hn::Set(df, 88.0f));
+      const VF w = ExpNonPositive(df, x);
+      hn::StoreU(hn::IfThenElse(hn::IsNaN(x), x, w), df, s + i * T + j);
+    }
+  }
+}
+
+// dS = P∘(dP − D_i) in place of dP, exactly 0 where P is 0 (hidden pairs), then ×softcap's
+// derivative. Adds dS into dbias first: the bias sits after softcap in the score pipeline.
+void ScoreGradients(const BackwardContext& c, int64_t b, int64_t h, int64_t q_first,
+                    int64_t q_count, int64_t j0, int64_t rows, const float* HWY_RESTRICT pw,
+                    const float* delta, const float* HWY_RESTRICT cap_grad,
+                    float* HWY_RESTRICT ds) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const VF zero = hn::Zero(df);
+  for (int64_t i = 0; i < q_count; ++i) {
+    const VF d = hn::Set(df, delta[i]);
+    for (size_t j = 0; j < static_cast<size_t>(T); j += N) {
+      const VF w = hn::LoadU(df, pw + i * T + j);
+      const VF g = hn::Mul(w, hn::Sub(hn::LoadU(df, ds + i * T + j), d));
+      hn::StoreU(hn::IfThenElseZero(hn::Ne(w, zero), g), df, ds + i * T + j);
+    }
+  }
+  const ResolvedMods& mods = *c.problem->mods;
+  if (c.dbias != nullptr) {
+    for (int64_t i = 0; i < q_count; ++i) {
+      for (int64_t j = 0; j < rows; ++j) {
+        c.dbias[mods.bias_index.offset(b, h, q_first + i, j0 + j)] += ds[i * T + j];
+      }
+    }
+  }
+  if (mods.softcap) {
+    for (int64_t i = 0; i < q_count; ++i) {
+      for (size_t j = 0; j < static_cast<size_t>(T); j += N) {
+        const VF g = hn::Mul(hn::LoadU(df, ds + i * T + j), hn::LoadU(df, cap_grad + i * T + j));
+        hn::StoreU(g, df, ds + i * T + j);
+      }
+    }
+  }
+}
+
+// One (query tile, key tile) pair of head h; the key tile is packed in the scratch.
+void TilePair(const BackwardContext& c, const BackwardItem& item, int64_t b, int64_t h,
+              int64_t q_tile, int64_t k_tile, TileKind kind, int64_t rows, bool kv_finite,
+              BackwardScratch& sc) {
+  const Problem& p = *c.problem;
+  const int64_t q_first = q_tile * T, q_count = std::min(T, p.q_len - q_first), j0 = k_tile * T;
+  const float* q = c.q.row(b, h, q_first);
+  const float* dout = c.dout.row(b, h, q_first);
+  const int64_t row0 = (b * p.q_heads + h) * p.q_len + q_first;
+  const int64_t q_tiles = (p.q_len + T - 1) / T;
+  const bool guarded = !kv_finite || !c.q_tile_finite[(b * p.q_heads + h) * q_tiles + q_tile];
+
+  // S = Q·(scale·K)ᵀ, then the modifiers and the mask, then P = exp(S − LSE).
+  Product<Guard::none>(q, c.q.stride_l, 1, p.head_dim, sc.k_t, T, T, false, sc.s, T, q_count);
+  const uint64_t* row_bits = nullptr;
+  if (kind == TileKind::partial) {
+    std::memset(sc.bits, 0, T * sizeof(uint64_t));
+    c.tile_masks->build(b, h, q_first, q_count, j0, rows, sc.bits);
+    transpose_bits(sc.bits);
+    row_bits = sc.bits;
+  }
+  if (c.score_mods) {
+    const bool additive = p.mask->has_additive() && kind == TileKind::partial;
+    ApplyScoreMods(c, b, h, q_first, q_count, j0, rows, row_bits, additive, sc.s, sc.cap_grad);
+  }
+  if (row_bits != nullptr || rows < T) ApplyMask(row_bits, q_count, rows, sc.s);
+  Weights(c.lse + row0, q_count, sc.s);
+
+  // dP = dO·Vᵀ, then dS = P∘(dP − D).
+  Product<Guard::none>(dout, c.dout.stride_l, 1, p.value_dim, sc.v_t, T, T, false, sc.ds, T,
+                       q_count);
+  ScoreGradients(c, b, h, q_first, q_count, j0, rows, sc.s, c.delta + row0, sc.cap_grad, sc.ds);
+
+  // dVᵀ += dOᵀ·P   dKᵀ += Qᵀ·dS   dQ_chunk += dS·K
+  ProductGuarded(guarded, Guard::b, dout, 1, c.dout.stride_l, q_count, sc.s, T, T, true, sc.dv_t, T,
+                 p.value_dim);
+  ProductGuarded(guarded, Guard::b, q, 1, c.q.stride_l, q_count, sc.ds, T, T, true, sc.dk_t, T,
+                 p.head_dim);
+  float* dq = c.dq_partial +
+              (((item.chunk * p.batch + b) * p.q_heads + h) * p.q_len + q_first) * c.dq_width;
+  ProductGuarded(guarded, Guard::a, sc.ds, T, 1, rows, sc.k_rows, c.dq_width, c.dq_width, true, dq,
+                 c.dq_width, q_count);
+}
+
+void BackwardItemImpl(const BackwardContext& c, const BackwardItem& item, BackwardScratch& sc) {
+  const Problem& p = *c.problem;
+  const int64_t group = p.q_heads / p.kv_heads;
+  const int64_t q_tiles = (p.q_len + T - 1) / T, k_tiles = (p.k_len + T - 1) / T;
+  for (int64_t b = item.b_first; b < item.b_end; ++b) {
+    for (int64_t g = item.g_first; g < item.g_end; ++g) {
+      for (int64_t k_tile = item.chunk; k_tile < k_tiles; k_tile += c.chunks) {
+        const int64_t j0 = k_tile * T, rows = std::min(T, p.k_len - j0);
+        const bool kv_finite = PackKeyTile(c, b, g, j0, rows, sc);
+        std::memset(sc.dk_t, 0, p.head_dim * T * sizeof(float));
+        std::memset(sc.dv_t, 0, p.value_dim * T * sizeof(float));
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          for (int64_t q_tile = 0; q_tile < q_tiles; ++q_tile) {
+            const TileKind kind = c.blocks->kind(b, h, q_tile, k_tile);
+            if (kind == TileKind::empty) continue;
+            TilePair(c, item, b, h, q_tile, k_tile, kind, rows, kv_finite, sc);
+          }
+        }
+        StoreKeyTile(c, b, g, j0, rows, sc);
+      }
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace maskattn::detail::fused
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace maskattn::detail::fused {
+
+HWY_EXPORT(BackwardItemImpl);
+
+void backward_item(const BackwardContext& context, const BackwardItem& item,
+                   BackwardScratch& scratch) {
+  HWY_DYNAMIC_DISPATCH(BackwardItemImpl)(context, item, scratch);
+}
+
+// Recursive block swap (Hacker's Delight §7-3, bit c of a word = column c): swap the off-diagonal
+// 32 × 32 blocks, then the 16 × 16 blocks inside each quadrant, and so on down to single bits.
+void transpose_bits(uint64_t* bits) {
+  uint64_t mask = 0x00000000FFFFFFFFull;
+  for (int width = 32; width != 0; width >>= 1, mask ^= mask << width) {
+    for (int row = 0; row < 64; row = ((row | width) + 1) & ~width) {
+      const uint64_t swap = ((bits[row] >> width) ^ bits[row | width]) & mask;
+      bits[row] ^= swap << width;
+      bits[row | width] ^= swap;
+    }
+  }
+}
+
+void BackwardScratch::reserve(int64_t head_dim, int64_t value_dim) {
+  if (head_dim <= head_dim_ && value_dim <= value_dim_) return;
+  head_dim_ = std::max(head_dim, head_dim_);
+  value_dim_ = std::max(value_dim, value_dim_);
+  const int64_t d = head_dim_, dv = value_dim_, T = kBackwardTile;
+  const auto padded = [](int64_t floats) { return (floats + 15) / 16 * 16; };  // 64-byte pieces
+  const int64_t d_padded = padded(d);
+  const int64_t sizes[] = {d * T, T * d_padded, dv * T,
+                           T * T, T * T,        T * T,
+                           d * T, dv * T,       padded(std::max(d_padded, dv))};
+  int64_t total = 16;
+  for (int64_t size : sizes) total += padded(size);
+  storage_.assign(total, 0.0f);
+  float* next = storage_.data();
+  next += (16 - (reinterpret_cast<uintptr_t>(next) / sizeof(float)) % 16) % 16;
+  float** pieces[] = {&k_t, &k_rows, &v_t, &s, &ds, &cap_grad, &dk_t, &dv_t, &row};
+  for (size_t n = 0; n < std::size(pieces); ++n) {
+    *pieces[n] = next;
+    next += padded(sizes[n]);
+  }
+  bits_.assign(2 * T, 0);
+  bits = bits_.data();
+}
+
+}  // namespace maskattn::detail::fused
+#endif  // HWY_ONCE

@@ -1,0 +1,81 @@
+// The fused backward's unit of work: one chunk of key tiles of one (b, kv head), walked against
+// every query tile the mask lets see it (FlashAttention-2's backward, DESIGN.md §4). Compiled once
+// per SIMD target (Highway) and dispatched at run time; see fused_backward_block.cc for the design.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/problem.h"
+#include "mask/block_map.h"
+#include "mask/tile_mask.h"
+
+namespace maskattn::detail::fused {
+
+inline constexpr int64_t kBackwardTile = 64;  // queries per q-tile and keys per k-tile
+
+// Rows of a [B, H, L, W] tensor as f32 with unit inner stride: the tensor itself when it is f32
+// with contiguous rows, else a converted copy.
+struct F32Rows {
+  const float* data = nullptr;
+  int64_t stride_b = 0, stride_h = 0, stride_l = 0;
+  const float* row(int64_t b, int64_t h, int64_t l) const {
+    return data + b * stride_b + h * stride_h + l * stride_l;
+  }
+};
+
+// Read-only state shared by every work item of one call, plus the accumulators items own parts of.
+struct BackwardContext {
+  const Problem* problem = nullptr;
+  const BlockMap* blocks = nullptr;
+  const TileMaskBuilder* tile_masks = nullptr;
+  F32Rows q, dout;
+  const float* lse = nullptr;    // [B, Hq, Lq] contiguous copy of the forward's LSE
+  const float* delta = nullptr;  // [B, Hq, Lq] D_i = Σ_e dO_ie·O_ie (0 for rows without keys)
+  // [B, Hq, q_tiles]: 1 when the tile's Q and dO rows are all finite, so that 0·x = 0 and the
+  // products need no guard against NaN from hidden pairs.
+  const uint8_t* q_tile_finite = nullptr;
+  bool score_mods = false;  // softcap, ALiBi, bias, threshold or additive masks present
+  int64_t chunks = 1;       // key tiles are dealt round-robin to this many chunks
+  int64_t dq_width = 0;     // D rounded up to a multiple of 16: row width of dq_partial
+  // [chunks][B][Hq][Lq][dq_width]: each chunk's unscaled Σ_j dS_ij·K_j, summed in chunk order.
+  float* dq_partial = nullptr;
+  float* dbias = nullptr;  // the bias's shape, row-major, f32: Σ dS over its broadcast axes
+  MutableTensorView dk, dv;
+};
+
+// Batches [b_first, b_end) × kv heads [g_first, g_end) × the key tiles t with t % chunks == chunk.
+// Items cover more than one (b, kv head) only when dbias broadcasts across them.
+struct BackwardItem {
+  int64_t b_first = 0, b_end = 0, g_first = 0, g_end = 0, chunk = 0;
+  int64_t cost = 0;  // non-empty tile pairs, for scheduling
+};
+
+// One thread's working memory, f32, kept across calls (first-touch page faults are expensive here).
+struct BackwardScratch {
+  void reserve(int64_t head_dim, int64_t value_dim);
+
+  float* k_t = nullptr;       // [D][64]  scale·Kᵀ of the key tile
+  float* k_rows = nullptr;    // [64][dq_width]  K rows, zero padded
+  float* v_t = nullptr;       // [Dv][64] Vᵀ
+  float* s = nullptr;         // [64][64] scores, then P
+  float* ds = nullptr;        // [64][64] dP, then dS
+  float* cap_grad = nullptr;  // [64][64] 1 − tanh²(s/cap) with softcap
+  float* dk_t = nullptr;      // [D][64]  Σ dSᵀ·Q of the key tile
+  float* dv_t = nullptr;      // [Dv][64] Σ Pᵀ·dO
+  float* row = nullptr;       // [max(D, Dv)]
+  uint64_t* bits = nullptr;   // [64 + 64] a partial tile's mask, per key then per query
+
+ private:
+  int64_t head_dim_ = -1, value_dim_ = -1;
+  std::vector<float> storage_;
+  std::vector<uint64_t> bits_;
+};
+
+void backward_item(const BackwardContext& context, const BackwardItem& item,
+                   BackwardScratch& scratch);
+
+// out[r] bit c = in[c] bit r, for a 64 × 64 bit matrix (rows of a partial tile's mask).
+void transpose_bits(uint64_t* bits);
+
+}  // namespace maskattn::detail::fused
