@@ -55,9 +55,9 @@ double default_tolerance(DType dtype) {
     case DType::f32:
       return 1e-4;
     case DType::f16:
-      return 2e-2;
+      return 1e-2;
     case DType::bf16:
-      return 1e-1;
+      return 5e-2;
   }
   return 1e-4;
 }

@@ -240,6 +240,26 @@ TEST(BackwardGradcheck, ModifiersBothKernels) {
   }
 }
 
+TEST(BackwardGradcheck, HalfPrecisionWithinTheDtypeTolerance) {
+  // The analytic gradient in f16/bf16 (O and the gradients rounded to the dtype) against finite
+  // differences on the same rounded inputs: gradcheck's default tolerances, 1e-2 and 5e-2.
+  const Problem p(1, 2, 1, 9, 11, 4, 3, 14, 1.5f);
+  const std::vector<float> dout = random_dout(p, 15);
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    const DTypeBuffer q(p.q, dtype), k(p.k, dtype), v(p.v, dtype), d(dout, dtype);
+    for (const auto& [name, mask] : small_masks(p.B, p.Lq, p.Lk)) {
+      const GradcheckReport report =
+          gradcheck(q.view({p.B, p.Hq, p.Lq, p.D}), k.view({p.B, p.Hkv, p.Lk, p.D}),
+                    v.view({p.B, p.Hkv, p.Lk, p.Dv}), d.view({p.B, p.Hq, p.Lq, p.Dv}), mask);
+      EXPECT_TRUE(report.passed) << dtype_name(dtype) << " " << name;
+      for (const GradcheckEntry& entry : report.entries) {
+        EXPECT_LE(entry.max_relative_error, report.tolerance)
+            << dtype_name(dtype) << " " << name << " " << entry.tensor;
+      }
+    }
+  }
+}
+
 TEST(BackwardGradcheck, AcrossTileEdgesFused) {
   // 65 queries and 70 keys: two tiles each way, partial tiles on the diagonal.
   const Problem p(1, 1, 1, 65, 70, 2, 2, 13);

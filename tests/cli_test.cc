@@ -272,5 +272,65 @@ TEST_F(CliAttend, InvalidInputWritesNothing) {
   }
 }
 
+// grad: the CLI's gradients equal the library's on the same arrays, in the inputs' layout.
+TEST_F(CliAttend, GradWritesTheLibrarysGradients) {
+  const std::vector<float> dout = test::random_values(B * H * L * D, 4);
+  write_npy(path("do.npy"), NpyArray::from_floats(dout, {B, H, L, D}));
+  const test::CliResult result = run_cli(
+      "grad --q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + " --dout " +
+      path("do.npy") + " --dq " + path("dq.npy") + " --dk " + path("dk.npy") + " --dv " +
+      path("dv.npy") + " --mask causal --mask key-lengths:" + path("len.npy") + " --threads 2");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_TRUE(result.out.empty());
+  const Mask mask = Mask().causal().key_lengths({5, 3});
+  const Dims shape = {B, H, L, D};
+  std::vector<float> out(q_.size()), lse(B * H * L), dq(q_.size()), dk(q_.size()), dv(q_.size());
+  attention(TensorView(q_.data(), shape), TensorView(k_.data(), shape),
+            TensorView(v_.data(), shape), MutableTensorView(out.data(), shape), mask, {}, {},
+            MutableTensorView(lse.data(), {B, H, L}));
+  attention_backward(TensorView(q_.data(), shape), TensorView(k_.data(), shape),
+                     TensorView(v_.data(), shape), TensorView(out.data(), shape),
+                     TensorView(lse.data(), {B, H, L}), TensorView(dout.data(), shape),
+                     {MutableTensorView(dq.data(), shape),
+                      MutableTensorView(dk.data(), shape),
+                      MutableTensorView(dv.data(), shape),
+                      {},
+                      {}},
+                     mask);
+  for (const auto& [file, expected] :
+       {std::pair{"dq.npy", &dq}, {"dk.npy", &dk}, {"dv.npy", &dv}}) {
+    const NpyArray array = read_npy(path(file));
+    EXPECT_EQ(array.shape(), shape) << file;
+    EXPECT_EQ(array.to_float32(file), *expected) << file;
+  }
+  // Keys 3 and 4 of sequence 1 are padding: no gradient reaches them.
+  const std::vector<float> dk_file = read_npy(path("dk.npy")).to_float32("dk");
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t j = 3; j < L; ++j) {
+      for (int64_t d = 0; d < D; ++d) EXPECT_EQ(dk_file[((H + h) * L + j) * D + d], 0.0f);
+    }
+  }
+}
+
+TEST(CliGradcheck, PrintsOneLinePerTensorAndFailsAboveTheTolerance) {
+  const test::CliResult pass = run_cli(
+      "gradcheck --mask causal --mask softcap:3 --lq 6 --lk 9 --d 3 --heads 2 --kv-heads 1");
+  ASSERT_EQ(pass.exit_code, 0) << pass.err;
+  EXPECT_TRUE(contains(pass.out, "q [1,2,6,3], k [1,1,9,3], v [1,1,9,4]")) << pass.out;
+  for (const char* tensor : {"\ndq ", "\ndk ", "\ndv "}) EXPECT_TRUE(contains(pass.out, tensor));
+  EXPECT_TRUE(contains(pass.out, "tolerance 1.0e-04: passed")) << pass.out;
+  test::TempDir dir;
+  write_npy(dir.path("sinks.npy"), NpyArray::from_floats({0.5f, -1.0f}, {2}));
+  const test::CliResult sinks =
+      run_cli("gradcheck --mask sinks:" + dir.path("sinks.npy") + " --kernel reference");
+  ASSERT_EQ(sinks.exit_code, 0) << sinks.err << sinks.out;
+  EXPECT_TRUE(contains(sinks.out, "\ndsinks ")) << sinks.out;
+  const test::CliResult fail = run_cli("gradcheck --tolerance 1e-12");
+  EXPECT_EQ(fail.exit_code, 1);
+  EXPECT_TRUE(contains(fail.out, "FAILED"));
+  EXPECT_TRUE(contains(fail.err, "maskattn: error: gradcheck failed: dq max relative error"))
+      << fail.err;
+}
+
 }  // namespace
 }  // namespace maskattn

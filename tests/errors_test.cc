@@ -7,6 +7,7 @@
 #include <fstream>
 #include <set>
 
+#include "maskattn/gradcheck.h"
 #include "test_util.h"
 
 namespace maskattn {
@@ -593,6 +594,131 @@ TEST(Errors, E73_TwoOutputsOneFile) {
   CliFiles files;
   expect_cli_error(files.attend("--lse " + files.dir.path("out.npy")),
                    "--out and --lse name the same file", files.dir.path("out.npy"));
+  const std::string q = files.dir.path("q.npy");
+  expect_cli_error("grad --q " + q + " --k " + q + " --v " + q + " --dout " + q + " --dq " +
+                       files.dir.path("g.npy") + " --dk " + files.dir.path("g.npy") + " --dv " +
+                       files.dir.path("dv.npy"),
+                   "--dq and --dk name the same file", files.dir.path("dv.npy"));
+}
+
+// ---- attention_backward, gradcheck, maskattn grad / gradcheck --------------------------------
+
+// A forward's outputs and gradient buffers for Problem, to break one piece at a time.
+struct BackwardProblem : Problem {
+  std::vector<float> dout = test::random_values(2 * 4 * 3 * 6, 4);
+  std::vector<float> dq = std::vector<float>(2 * 4 * 3 * 8);
+  std::vector<float> dk = std::vector<float>(2 * 2 * 5 * 8);
+  std::vector<float> dv = std::vector<float>(2 * 2 * 5 * 6);
+  TensorView doutv() const { return TensorView(dout.data(), {2, 4, 3, 6}); }
+  TensorView lsev() const { return TensorView(lse.data(), {2, 4, 3}); }
+  Gradients grads() {
+    return {MutableTensorView(dq.data(), {2, 4, 3, 8}),
+            MutableTensorView(dk.data(), {2, 2, 5, 8}),
+            MutableTensorView(dv.data(), {2, 2, 5, 6}),
+            {},
+            {}};
+  }
+  void backward(const Gradients& g, const TensorView& d, const ScoreMods& mods = {}) {
+    attention_backward(qv(), kv(), vv(), TensorView(out.data(), {2, 4, 3, 6}), lsev(), d, g, {},
+                       mods);
+  }
+};
+
+TEST(Errors, E74_BackwardInputShape) {
+  BackwardProblem p;
+  EXPECT_MASKATTN_ERROR(p.backward(p.grads(), TensorView(p.dout.data(), {2, 4, 6, 3})),
+                        "dout has shape [2,4,6,3] but must be [2,4,3,6] (from q [2,4,3,8] and v "
+                        "[2,2,5,6])");
+  EXPECT_MASKATTN_ERROR(
+      attention_backward(p.qv(), p.kv(), p.vv(), TensorView(p.out.data(), {2, 4, 3, 6}),
+                         TensorView(p.lse.data(), {2, 4, 3, 1}), p.doutv(), p.grads()),
+      "lse has shape [2,4,3,1]; expected [2,4,3]");
+}
+
+TEST(Errors, E75_BackwardInputDtype) {
+  BackwardProblem p;
+  std::vector<uint16_t> halves(p.dout.size());
+  EXPECT_MASKATTN_ERROR(p.backward(p.grads(), TensorView(halves.data(), DType::f16, {2, 4, 3, 6})),
+                        "dout has dtype f16 but must be f32");
+}
+
+TEST(Errors, E76_GradientShapeOrDtype) {
+  BackwardProblem p;
+  Gradients g = p.grads();
+  g.dk = MutableTensorView(p.dk.data(), {2, 2, 8, 5});
+  EXPECT_MASKATTN_ERROR(p.backward(g, p.doutv()),
+                        "dk has shape [2,2,8,5] but must be [2,2,5,8] (from k [2,2,5,8])");
+  g = p.grads();
+  g.dq = MutableTensorView();
+  EXPECT_MASKATTN_ERROR(p.backward(g, p.doutv()), "dq is a null view; expected [2,4,3,8]");
+}
+
+TEST(Errors, E77_GradientSharesMemory) {
+  BackwardProblem p;
+  Gradients g = p.grads();
+  g.dq = MutableTensorView(p.q.data(), {2, 4, 3, 8});
+  EXPECT_MASKATTN_ERROR(p.backward(g, p.doutv()),
+                        "dq [2,4,3,8] shares memory with q [2,4,3,8]; outputs must not overlap");
+  g = p.grads();
+  g.dv = MutableTensorView(p.dk.data(), {2, 2, 5, 6});
+  EXPECT_MASKATTN_ERROR(p.backward(g, p.doutv()), "dv [2,2,5,6] shares memory with dk [2,2,5,8]");
+}
+
+TEST(Errors, E78_BackwardThroughScoreFunction) {
+  BackwardProblem p;
+  ScoreMods mods;
+  mods.score_fn = [](double s, int64_t, int64_t, int64_t, int64_t) { return s; };
+  EXPECT_MASKATTN_ERROR(p.backward(p.grads(), p.doutv(), mods),
+                        "attention_backward: mods.score_fn is an opaque callable with no "
+                        "derivative");
+}
+
+TEST(Errors, E79_BiasOrSinkGradientWithoutTheModifier) {
+  BackwardProblem p;
+  std::vector<float> buffer(10);
+  Gradients g = p.grads();
+  g.dbias = MutableTensorView(buffer.data(), {2, 5});
+  EXPECT_MASKATTN_ERROR(p.backward(g, p.doutv()), "grads.dbias is given but mods.bias is not set");
+  ScoreMods mods;
+  mods.bias = Array<float>({5}, std::vector<float>(5));
+  EXPECT_MASKATTN_ERROR(p.backward(g, p.doutv(), mods), "dbias has shape [2,5]; expected [5]");
+  g = p.grads();
+  g.dsinks = MutableTensorView(buffer.data(), {4});
+  EXPECT_MASKATTN_ERROR(p.backward(g, p.doutv()),
+                        "grads.dsinks is given but mods.sinks is not set");
+}
+
+TEST(Errors, E80_GradcheckStep) {
+  const Problem p;
+  const std::vector<float> dout(2 * 4 * 3 * 6);
+  GradcheckOptions check;
+  check.step = 0.0;
+  EXPECT_MASKATTN_ERROR(
+      gradcheck(p.qv(), p.kv(), p.vv(), TensorView(dout.data(), {2, 4, 3, 6}), {}, {}, {}, check),
+      "gradcheck: step = 0.000000 must be finite and > 0");
+}
+
+TEST(Errors, E81_GradcheckSizes) {
+  expect_cli_error("gradcheck --lq 0", "--lq = 0 must be in [1, 4096]");
+  expect_cli_error("gradcheck --lq 1000 --lk 1000 --d 64 --dv 64",
+                   "gradcheck: 384000 input elements, each needing two reference forwards, is too "
+                   "many");
+}
+
+TEST(Errors, E82_GradFilesDisagree) {
+  CliFiles files;
+  const std::string grads = " --dq " + files.dir.path("dq.npy") + " --dk " +
+                            files.dir.path("dk.npy") + " --dv " + files.dir.path("dv.npy");
+  const std::string inputs = "grad --q " + files.dir.path("q.npy") + " --k " +
+                             files.dir.path("q.npy") + " --v " + files.dir.path("q.npy");
+  files.write("d2.npy", NpyArray::from_floats(std::vector<float>(12), {3, 4}));
+  expect_cli_error(inputs + " --dout " + files.dir.path("d2.npy") + grads,
+                   "--dout " + files.dir.path("d2.npy") + " has rank 2 but --q " +
+                       files.dir.path("q.npy") + " has rank 3",
+                   files.dir.path("dq.npy"));
+  files.write("d3.npy", NpyArray::from_floats(std::vector<float>(15), {1, 3, 5}));
+  expect_cli_error(inputs + " --dout " + files.dir.path("d3.npy") + grads,
+                   "dout has shape [1,1,3,5] but must be [1,1,3,4]", files.dir.path("dq.npy"));
 }
 
 // ---- the document and the tests agree ------------------------------------------------------

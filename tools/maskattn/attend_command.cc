@@ -14,42 +14,6 @@
 
 namespace maskattn::cli {
 
-namespace {
-
-DType compute_dtype(const AttendArgs& args, const InputTensor& q, const InputTensor& k,
-                    const InputTensor& v) {
-  if (args.dtype == "f32") return DType::f32;
-  if (args.dtype == "f16") return DType::f16;
-  if (args.dtype == "bf16") return DType::bf16;
-  for (const InputTensor* input : {&k, &v}) {
-    if (input->file_type != q.file_type) {
-      throw Error(input->flag + " is " + npy_type_name(input->file_type) + " but " + q.flag +
-                  " is " + npy_type_name(q.file_type) + "; pass --dtype f32|f16|bf16 to convert");
-    }
-  }
-  return q.file_type == NpyType::f2 ? DType::f16 : DType::f32;
-}
-
-Kernel kernel_of(const std::string& name) {
-  if (name == "reference") return Kernel::reference;
-  if (name == "fused") return Kernel::fused;
-  return Kernel::automatic;
-}
-
-// The output keeps Q's layout: [Lq,Dv], [B,Lq,Dv] or [B,H,Lq,Dv].
-Dims output_file_shape(const InputTensor& q, const Dims& out) {
-  switch (q.file_rank) {
-    case 2:
-      return {out[2], out[3]};
-    case 3:
-      return {out[0], out[2], out[3]};
-    default:
-      return out;
-  }
-}
-
-}  // namespace
-
 int run_attend(const AttendArgs& args) {
   std::vector<std::pair<std::string, std::string>> outputs = {{"--out", args.out}};
   if (!args.lse.empty()) outputs.emplace_back("--lse", args.lse);
@@ -66,7 +30,7 @@ int run_attend(const AttendArgs& args) {
                   "; give q, k and v in the same layout");
     }
   }
-  const DType dtype = compute_dtype(args, q, k, v);
+  const DType dtype = choose_dtype(args.dtype, {&q, &k, &v});
 
   Mask mask;
   ScoreMods mods;
@@ -79,7 +43,7 @@ int run_attend(const AttendArgs& args) {
   Options options;
   options.scale = args.scale;
   options.threads = args.threads;
-  options.kernel = kernel_of(args.kernel);
+  options.kernel = kernel_named(args.kernel);
 
   const TensorBuffer q_buffer = TensorBuffer::from_floats(q.values, q.shape, dtype);
   const TensorBuffer k_buffer = TensorBuffer::from_floats(k.values, k.shape, dtype);
@@ -121,16 +85,8 @@ int run_attend(const AttendArgs& args) {
   }
 
   OutputFiles files;
-  // Output keeps the input file's dtype; bf16 has no .npy dtype, so a bf16 run writes f32.
   const std::vector<float> out_values = out.to_floats();
-  const Dims out_file_shape = output_file_shape(q, out_shape);
-  if (q.file_type == NpyType::f2 && dtype != DType::bf16) {
-    std::vector<float16> halves(out_values.size());
-    for (size_t n = 0; n < halves.size(); ++n) halves[n] = float16_from_float(out_values[n]);
-    files.add("--out", args.out, NpyArray::from_float16(halves, out_file_shape));
-  } else {
-    files.add("--out", args.out, NpyArray::from_floats(out_values, out_file_shape));
-  }
+  files.add("--out", args.out, result_array(out_values, file_layout(q, out_shape), q, dtype));
   if (lse) files.add("--lse", args.lse, NpyArray::from_floats(lse->to_floats(), lse->shape()));
   if (!args.weights.empty()) {
     TensorBuffer weights(DType::f32, {q.shape[0], q.shape[1], q.shape[2], k.shape[2]});

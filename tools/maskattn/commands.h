@@ -21,6 +21,31 @@ struct AttendArgs {
 };
 int run_attend(const AttendArgs& args);
 
+// maskattn grad: the backward from .npy files (docs/cli.md).
+struct GradArgs {
+  std::string q, k, v, dout, dq, dk, dv;
+  std::vector<std::string> masks;
+  std::optional<double> scale;
+  std::string dtype;  // "" = the files' dtype
+  int threads = 0;
+  std::string kernel = "auto";
+};
+int run_grad(const GradArgs& args);
+
+// maskattn gradcheck: finite differences on random inputs; exit 1 above the tolerance.
+struct GradcheckArgs {
+  std::vector<std::string> masks;
+  int64_t batch = 1, heads = 2, kv_heads = 0, q_len = 8, k_len = 8, dim = 4, value_dim = 4;
+  std::optional<double> scale;
+  std::string dtype = "f32";
+  std::string kernel = "auto";
+  int threads = 0;
+  uint64_t seed = 1;
+  double step = 1e-3;
+  std::optional<double> tolerance;
+};
+int run_gradcheck(const GradcheckArgs& args);
+
 int run_example();
 
 struct MaskArgs {

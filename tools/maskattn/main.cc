@@ -1,4 +1,4 @@
-// maskattn: the command-line front end. Subcommands: attend, example, mask, demo.
+// maskattn: the command-line front end. Subcommands: attend, grad, gradcheck, example, mask, demo.
 // Every failure is one line on stderr and a non-zero exit: 2 for bad command-line syntax, 1 for
 // invalid input (maskattn::Error) or any other failure.
 #include <fmt/core.h>
@@ -62,6 +62,54 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000000));
   attend_cmd->footer(maskattn::mask_spec_help());
 
+  GradArgs grad;
+  CLI::App* grad_cmd = app.add_subcommand(
+      "grad", "dQ, dK, dV of attention for .npy inputs and dO (forward recomputed)");
+  grad_cmd->add_option("--q", grad.q, "queries .npy (float32/float16)")->required();
+  grad_cmd->add_option("--k", grad.k, "keys .npy")->required();
+  grad_cmd->add_option("--v", grad.v, "values .npy")->required();
+  grad_cmd->add_option("--dout", grad.dout, "dL/dO .npy, the output's shape")->required();
+  grad_cmd->add_option("--dq", grad.dq, "dL/dQ output .npy (q's layout and dtype)")->required();
+  grad_cmd->add_option("--dk", grad.dk, "dL/dK output .npy")->required();
+  grad_cmd->add_option("--dv", grad.dv, "dL/dV output .npy")->required();
+  grad_cmd->add_option("--mask", grad.masks, "mask or modifier SPEC; repeat to combine")
+      ->take_all()
+      ->allow_extra_args(false);
+  grad_cmd->add_option("--scale", grad.scale, "score scale (default 1/sqrt(D))");
+  grad_cmd->add_option("--dtype", grad.dtype, "compute in this dtype")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  grad_cmd->add_option("--threads", grad.threads, "threads (default: all cores)")
+      ->check(CLI::Range(1, 1024));
+  grad_cmd->add_option("--kernel", grad.kernel, "auto|reference|fused")
+      ->check(CLI::IsMember({"auto", "reference", "fused"}));
+  grad_cmd->footer(maskattn::mask_spec_help());
+
+  GradcheckArgs check;
+  CLI::App* check_cmd = app.add_subcommand(
+      "gradcheck", "check the backward against finite differences on random inputs");
+  check_cmd->add_option("--mask", check.masks, "mask or modifier SPEC; repeat to combine")
+      ->take_all()
+      ->allow_extra_args(false);
+  check_cmd->add_option("--lq", check.q_len, "queries (default 8)");
+  check_cmd->add_option("--lk", check.k_len, "keys (default 8)");
+  check_cmd->add_option("--d", check.dim, "query/key head dim (default 4)");
+  check_cmd->add_option("--dv", check.value_dim, "value head dim (default 4)");
+  check_cmd->add_option("--batch", check.batch, "batch (default 1)");
+  check_cmd->add_option("--heads", check.heads, "query heads (default 2)");
+  check_cmd->add_option("--kv-heads", check.kv_heads, "kv heads (default: --heads)");
+  check_cmd->add_option("--scale", check.scale, "score scale (default 1/sqrt(D))");
+  check_cmd->add_option("--dtype", check.dtype, "f32|f16|bf16 (default f32)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  check_cmd->add_option("--kernel", check.kernel, "auto|reference|fused")
+      ->check(CLI::IsMember({"auto", "reference", "fused"}));
+  check_cmd->add_option("--threads", check.threads, "threads (default: all cores)")
+      ->check(CLI::Range(1, 1024));
+  check_cmd->add_option("--seed", check.seed, "random inputs' seed (default 1)");
+  check_cmd->add_option("--step", check.step, "finite-difference step (default 1e-3)");
+  check_cmd->add_option("--tolerance", check.tolerance,
+                        "max relative error (default f32 1e-4, f16 1e-2, bf16 5e-2)");
+  check_cmd->footer(maskattn::mask_spec_help());
+
   app.add_subcommand("example", "the worked example of seed 001 (\"I love dog\"), step by step");
 
   MaskArgs mask_args;
@@ -80,9 +128,10 @@ int main(int argc, char** argv) {
     bool known = false;
     for (const CLI::App* command : app.get_subcommands({})) known |= command->get_name() == argv[1];
     if (!known) {
-      return fail(std::string("unknown command '") + argv[1] +
-                      "' (commands: attend, example, mask, demo; see maskattn --help)",
-                  2);
+      return fail(
+          std::string("unknown command '") + argv[1] +
+              "' (commands: attend, grad, gradcheck, example, mask, demo; see maskattn --help)",
+          2);
     }
   }
   try {
@@ -99,6 +148,8 @@ int main(int argc, char** argv) {
 
   try {
     if (attend_cmd->parsed()) return run_attend(attend);
+    if (grad_cmd->parsed()) return run_grad(grad);
+    if (check_cmd->parsed()) return run_gradcheck(check);
     if (app.got_subcommand("example")) return run_example();
     if (mask_cmd->parsed()) return run_mask(mask_args);
     if (app.got_subcommand("demo")) return run_demo();

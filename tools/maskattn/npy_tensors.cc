@@ -150,4 +150,46 @@ void OutputFiles::commit() {
   }
 }
 
+DType choose_dtype(const std::string& requested, const std::vector<const InputTensor*>& inputs) {
+  if (requested == "f32") return DType::f32;
+  if (requested == "f16") return DType::f16;
+  if (requested == "bf16") return DType::bf16;
+  const InputTensor& first = *inputs.front();
+  for (const InputTensor* input : inputs) {
+    if (input->file_type != first.file_type) {
+      throw Error(input->flag + " is " + npy_type_name(input->file_type) + " but " + first.flag +
+                  " is " + npy_type_name(first.file_type) +
+                  "; pass --dtype f32|f16|bf16 to convert");
+    }
+  }
+  return first.file_type == NpyType::f2 ? DType::f16 : DType::f32;
+}
+
+Kernel kernel_named(const std::string& name) {
+  if (name == "reference") return Kernel::reference;
+  if (name == "fused") return Kernel::fused;
+  return Kernel::automatic;
+}
+
+Dims file_layout(const InputTensor& like, const Dims& shape) {
+  switch (like.file_rank) {
+    case 2:
+      return {shape[2], shape[3]};
+    case 3:
+      return {shape[0], shape[2], shape[3]};
+    default:
+      return shape;
+  }
+}
+
+NpyArray result_array(const std::vector<float>& values, const Dims& file_shape,
+                      const InputTensor& like, DType computed) {
+  if (like.file_type == NpyType::f2 && computed != DType::bf16) {
+    std::vector<float16> halves(values.size());
+    for (size_t n = 0; n < halves.size(); ++n) halves[n] = float16_from_float(values[n]);
+    return NpyArray::from_float16(halves, file_shape);
+  }
+  return NpyArray::from_floats(values, file_shape);
+}
+
 }  // namespace maskattn::cli

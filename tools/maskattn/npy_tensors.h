@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "maskattn/attention.h"
 #include "maskattn/dtype.h"
 #include "maskattn/npy.h"
 #include "maskattn/tensor.h"
@@ -41,6 +42,21 @@ struct InputTensor {
   std::vector<float> values;
 };
 InputTensor load_input(const std::string& flag, const std::string& path);
+
+// The compute dtype: `requested` ("f32", "f16", "bf16"), or "" for the files' own, which must
+// then agree (f16 files compute in f16, f32 files in f32).
+DType choose_dtype(const std::string& requested, const std::vector<const InputTensor*>& inputs);
+
+// "auto" | "reference" | "fused".
+Kernel kernel_named(const std::string& name);
+
+// A [B,H,L,W] result in the layout of the file `like` came from: [L,W], [B,L,W] or [B,H,L,W].
+Dims file_layout(const InputTensor& like, const Dims& shape);
+
+// A result as an .npy array in the dtype of the file `like` came from: float16 files get float16
+// (unless the run was bf16, which .npy cannot hold), everything else float32.
+NpyArray result_array(const std::vector<float>& values, const Dims& file_shape,
+                      const InputTensor& like, DType computed);
 
 // Files are first written next to their destination under a temporary name, then renamed, so a
 // failure leaves no output behind.

@@ -1,0 +1,162 @@
+// maskattn grad: dQ, dK, dV = attention_backward(Q, K, V, dO, mask) from .npy files; and
+// maskattn gradcheck: the backward against finite differences on random inputs. The flags are a
+// fixed contract (docs/cli.md): scripts depend on them.
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "commands.h"
+#include "maskattn/attention.h"
+#include "maskattn/error.h"
+#include "maskattn/gradcheck.h"
+#include "maskattn/mask_spec.h"
+#include "npy_tensors.h"
+
+namespace maskattn::cli {
+
+namespace {
+
+struct Parsed {
+  Mask mask;
+  ScoreMods mods;
+};
+
+Parsed parse_specs(const std::vector<std::string>& specs, bool one_head_layout) {
+  Parsed parsed;
+  SpecOptions options;
+  options.one_head_layout = one_head_layout;
+  for (const std::string& spec : specs) {
+    apply_mask_spec(spec, parsed.mask, parsed.mods, "--mask " + spec, options);
+  }
+  return parsed;
+}
+
+}  // namespace
+
+int run_grad(const GradArgs& args) {
+  require_distinct_outputs({{"--dq", args.dq}, {"--dk", args.dk}, {"--dv", args.dv}});
+  const InputTensor q = load_input("--q", args.q);
+  const InputTensor k = load_input("--k", args.k);
+  const InputTensor v = load_input("--v", args.v);
+  const InputTensor dout = load_input("--dout", args.dout);
+  for (const InputTensor* input : {&k, &v, &dout}) {
+    if (input->file_rank != q.file_rank) {
+      throw Error(input->flag + " has rank " + std::to_string(input->file_rank) + " but " + q.flag +
+                  " has rank " + std::to_string(q.file_rank) +
+                  "; give q, k, v and dout in the same layout");
+    }
+  }
+  const DType dtype = choose_dtype(args.dtype, {&q, &k, &v, &dout});
+  const Parsed parsed = parse_specs(args.masks, q.file_rank == 3);
+
+  Options options;
+  options.scale = args.scale;
+  options.threads = args.threads;
+  options.kernel = kernel_named(args.kernel);
+
+  const TensorBuffer q_buffer = TensorBuffer::from_floats(q.values, q.shape, dtype);
+  const TensorBuffer k_buffer = TensorBuffer::from_floats(k.values, k.shape, dtype);
+  const TensorBuffer v_buffer = TensorBuffer::from_floats(v.values, v.shape, dtype);
+  const TensorBuffer dout_buffer = TensorBuffer::from_floats(dout.values, dout.shape, dtype);
+  // Shapes are checked by the library; these only size the buffers.
+  TensorBuffer out(dtype, {q.shape[0], q.shape[1], q.shape[2], v.shape[3]});
+  TensorBuffer lse(DType::f32, {q.shape[0], q.shape[1], q.shape[2]});
+  TensorBuffer dq(dtype, q.shape), dk(dtype, k.shape), dv(dtype, v.shape);
+
+  const std::string input_files = " (" + q.flag + " " + shape_string(q.file_shape) + ", " + k.flag +
+                                  " " + shape_string(k.file_shape) + ", " + v.flag + " " +
+                                  shape_string(v.file_shape) + ", " + dout.flag + " " +
+                                  shape_string(dout.file_shape) + ")";
+  try {
+    // The backward needs the forward's O and LSE: computed here, not read from files.
+    attention(q_buffer.view(), k_buffer.view(), v_buffer.view(), out.mutable_view(), parsed.mask,
+              parsed.mods, options, lse.mutable_view());
+    attention_backward(q_buffer.view(), k_buffer.view(), v_buffer.view(), out.view(), lse.view(),
+                       dout_buffer.view(),
+                       {dq.mutable_view(), dk.mutable_view(), dv.mutable_view(), {}, {}},
+                       parsed.mask, parsed.mods, options);
+  } catch (const Error& error) {
+    throw Error(error.what() + input_files);
+  }
+
+  OutputFiles files;
+  files.add("--dq", args.dq, result_array(dq.to_floats(), q.file_shape, q, dtype));
+  files.add("--dk", args.dk, result_array(dk.to_floats(), k.file_shape, k, dtype));
+  files.add("--dv", args.dv, result_array(dv.to_floats(), v.file_shape, v, dtype));
+  files.commit();
+  return 0;
+}
+
+int run_gradcheck(const GradcheckArgs& args) {
+  const int64_t kv_heads = args.kv_heads > 0 ? args.kv_heads : args.heads;
+  for (const auto& [value, name] : {std::pair{args.batch, "--batch"},
+                                    {args.heads, "--heads"},
+                                    {kv_heads, "--kv-heads"},
+                                    {args.q_len, "--lq"},
+                                    {args.k_len, "--lk"},
+                                    {args.dim, "--d"},
+                                    {args.value_dim, "--dv"}}) {
+    if (value < 1 || value > 4096) {
+      throw Error(std::string(name) + " = " + std::to_string(value) + " must be in [1, 4096]");
+    }
+  }
+  const int64_t elements = args.batch * (args.heads * args.q_len * args.dim +
+                                         kv_heads * args.k_len * (args.dim + args.value_dim));
+  if (elements > 200000) {
+    throw Error("gradcheck: " + std::to_string(elements) +
+                " input elements, each needing two reference forwards, is too many; keep B·H·L·D "
+                "small (at most 200000 elements)");
+  }
+  const DType dtype = args.dtype == "f16"    ? DType::f16
+                      : args.dtype == "bf16" ? DType::bf16
+                                             : DType::f32;
+  const Parsed parsed = parse_specs(args.masks, false);
+  std::mt19937_64 random(args.seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const auto make = [&](Dims shape) {
+    std::vector<float> values(static_cast<size_t>(checked_numel(shape, "input")));
+    for (float& x : values) x = uniform(random);
+    return TensorBuffer::from_floats(values, std::move(shape), dtype);
+  };
+  const TensorBuffer q = make({args.batch, args.heads, args.q_len, args.dim});
+  const TensorBuffer k = make({args.batch, kv_heads, args.k_len, args.dim});
+  const TensorBuffer v = make({args.batch, kv_heads, args.k_len, args.value_dim});
+  const TensorBuffer dout = make({args.batch, args.heads, args.q_len, args.value_dim});
+
+  Options options;
+  options.scale = args.scale;
+  options.threads = args.threads;
+  options.kernel = kernel_named(args.kernel);
+  GradcheckOptions check;
+  check.step = args.step;
+  check.tolerance = args.tolerance;
+  const GradcheckReport report = gradcheck(q.view(), k.view(), v.view(), dout.view(), parsed.mask,
+                                           parsed.mods, options, check);
+
+  std::printf("gradcheck: kernel %s, dtype %s, q %s, k %s, v %s, seed %llu, step %g\n",
+              args.kernel.c_str(), dtype_name(dtype), shape_string(q.shape()).c_str(),
+              shape_string(k.shape()).c_str(), shape_string(v.shape()).c_str(),
+              static_cast<unsigned long long>(args.seed), args.step);
+  std::printf("%-7s %9s %12s %14s %14s\n", "tensor", "elements", "max |fd|", "max abs error",
+              "max rel error");
+  for (const GradcheckEntry& entry : report.entries) {
+    std::printf("%-7s %9lld %12.4e %14.4e %14.4e\n", entry.tensor.c_str(),
+                static_cast<long long>(entry.count), entry.max_magnitude, entry.max_abs_error,
+                entry.max_relative_error);
+  }
+  std::printf("tolerance %.1e: %s\n", report.tolerance, report.passed ? "passed" : "FAILED");
+  if (report.passed) return 0;
+  for (const GradcheckEntry& entry : report.entries) {
+    if (!(entry.max_relative_error <= report.tolerance)) {
+      std::fprintf(stderr,
+                   "maskattn: error: gradcheck failed: %s max relative error %.3e exceeds the "
+                   "tolerance %.1e\n",
+                   entry.tensor.c_str(), entry.max_relative_error, report.tolerance);
+      break;
+    }
+  }
+  return 1;
+}
+
+}  // namespace maskattn::cli
