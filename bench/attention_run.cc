@@ -1,7 +1,8 @@
 // One benchmark case per process, so that its peak RSS is its own. Used by bench/compare.
 //   attention_run --lq 2048 --lk 2048 --mask causal --dtype f32 --threads 2 --repeat 5
 // prints one line of key=value pairs: median_ms, min_ms, max_ms, allowed_pairs, dense_pairs,
-// gflops_allowed, gflops_dense, peak_rss_mib, io_mib (inputs + outputs).
+// gflops_allowed, gflops_dense, peak_rss_mib, io_mib (inputs + outputs). --pass backward times
+// attention_backward() instead (flops counted as its five products).
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -15,7 +16,7 @@
 int main(int argc, char** argv) {
   using namespace maskattn;
   bench::Case c;
-  std::string dtype = "f32", kernel = "fused";
+  std::string dtype = "f32", kernel = "fused", pass = "forward";
   int threads = 0, repeat = 5;
   CLI::App app{"run one attention benchmark case"};
   app.add_option("--batch", c.batch);
@@ -28,6 +29,8 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype)->check(CLI::IsMember({"f32", "f16", "bf16"}));
   app.add_option("--kernel", kernel)->check(CLI::IsMember({"fused", "reference"}));
   app.add_option("--threads", threads);
+  app.add_option("--pass", pass, "forward | backward")
+      ->check(CLI::IsMember({"forward", "backward"}));
   app.add_option("--repeat", repeat)->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
   c.dtype = dtype == "f16" ? DType::f16 : dtype == "bf16" ? DType::bf16 : DType::f32;
@@ -37,11 +40,18 @@ int main(int argc, char** argv) {
     Options options;
     options.threads = threads;
     options.kernel = kernel == "reference" ? Kernel::reference : Kernel::fused;
-    tensors.run(options);  // warm-up: scratch allocated, pages touched
+    const auto run = [&] {
+      if (pass == "backward") {
+        tensors.run_backward(options);
+      } else {
+        tensors.run(options);
+      }
+    };
+    run();  // warm-up: scratch allocated, pages touched
     std::vector<double> ms;
     for (int r = 0; r < repeat; ++r) {
       const auto start = std::chrono::steady_clock::now();
-      tensors.run(options);
+      run();
       ms.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
               .count());
@@ -50,7 +60,8 @@ int main(int argc, char** argv) {
     const double median = ms[ms.size() / 2];
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
-    const double flops = bench::flops_per_pair(c);
+    // The backward's five products (S, dP, dV, dK, dQ) against the forward's two: 2·(3D + 2Dv).
+    const double flops = bench::flops_per_pair(c) * (pass == "backward" ? 2.5 : 1.0);
     std::printf(
         "median_ms=%.3f min_ms=%.3f max_ms=%.3f allowed_pairs=%.0f dense_pairs=%.0f "
         "gflops_allowed=%.1f gflops_dense=%.1f peak_rss_mib=%.1f io_mib=%.1f\n",

@@ -93,8 +93,38 @@ void Tensors::run(const Options& options) {
             options);
 }
 
+void Tensors::run_backward(const Options& options) {
+  const Case& c = case_;
+  const Dims q_shape = {c.batch, c.heads, c.q_len, c.dim};
+  const Dims kv_shape = {c.batch, c.kv_heads, c.k_len, c.dim};
+  const Dims lse_shape = {c.batch, c.heads, c.q_len};
+  if (dout_.empty()) {
+    lse_.resize(c.batch * c.heads * c.q_len);
+    attention(TensorView(q_.data(), c.dtype, q_shape), TensorView(k_.data(), c.dtype, kv_shape),
+              TensorView(v_.data(), c.dtype, kv_shape),
+              MutableTensorView(out_.data(), c.dtype, q_shape), mask_, {}, options,
+              MutableTensorView(lse_.data(), lse_shape));
+    dout_ = filled(q_.size() / (c.dtype == DType::f32 ? 2 : 1), c.dtype, 5);
+    dq_.resize(q_.size());
+    dk_.resize(k_.size());
+    dv_.resize(v_.size());
+  }
+  Gradients grads{MutableTensorView(dq_.data(), c.dtype, q_shape),
+                  MutableTensorView(dk_.data(), c.dtype, kv_shape),
+                  MutableTensorView(dv_.data(), c.dtype, kv_shape),
+                  {},
+                  {}};
+  attention_backward(TensorView(q_.data(), c.dtype, q_shape),
+                     TensorView(k_.data(), c.dtype, kv_shape),
+                     TensorView(v_.data(), c.dtype, kv_shape),
+                     TensorView(out_.data(), c.dtype, q_shape), TensorView(lse_.data(), lse_shape),
+                     TensorView(dout_.data(), c.dtype, q_shape), grads, mask_, {}, options);
+}
+
 double Tensors::bytes() const {
-  return 2.0 * (q_.size() + k_.size() + v_.size() + out_.size());
+  return 2.0 * (q_.size() + k_.size() + v_.size() + out_.size() + dout_.size() + dq_.size() +
+                dk_.size() + dv_.size()) +
+         4.0 * lse_.size();
 }
 
 }  // namespace maskattn::bench

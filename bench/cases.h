@@ -32,12 +32,17 @@ class Tensors {
  public:
   explicit Tensors(const Case& c);
   void run(const Options& options);
-  double bytes() const;  // inputs + outputs
+  // The backward from dO: the first call runs the forward once for O and the LSE and allocates
+  // dO and the gradients.
+  void run_backward(const Options& options);
+  double bytes() const;  // inputs + outputs (of the pass last run)
 
  private:
   Case case_;
   Mask mask_;
   std::vector<uint16_t> q_, k_, v_, out_;  // 16-bit types; f32 uses twice the elements
+  std::vector<uint16_t> dout_, dq_, dk_, dv_;
+  std::vector<float> lse_;
 };
 
 }  // namespace maskattn::bench

@@ -5,6 +5,13 @@ PyTorch 1.13 (Debian's python3-torch) has no scaled_dot_product_attention, so th
 path every model used then: S = Q·Kᵀ·scale + M (an additive -inf mask), softmax, P·V. Prints one
 line of key=value pairs like attention_run: median_ms, min_ms, max_ms, peak_rss_mib, blas_core.
 Run by bench/compare with the environment that gives PyTorch its best footing (see there).
+
+--pass forward (the default) times that forward under torch.no_grad().
+--pass backward times autograd's backward through the same math path: Q, K and V require grad;
+each repeat runs the forward (untimed; autograd keeps S's softmax P, Lq×Lk per head, for the
+backward), clears the gradients, then times only out.backward(dO), which computes dV = Pᵀ·dO,
+dP = dO·Vᵀ, dS = softmax backward (another Lq×Lk), dQ = dS·K·scale, dK = dSᵀ·Q·scale. dO is fixed
+random values. peak_rss_mib then includes the forward's saved tensors.
 """
 import argparse
 import ctypes
@@ -38,6 +45,7 @@ def main():
     parser.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--pass", dest="pass_", default="forward", choices=["forward", "backward"])
     args = parser.parse_args()
 
     import torch
@@ -71,20 +79,38 @@ def main():
     if mask is not None:
         mask = mask.to(dtype)
 
+    def forward():
+        scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+        if mask is not None:
+            scores = scores + mask
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+
     def attend():
         with torch.no_grad():
-            scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-            if mask is not None:
-                scores = scores + mask
-            return torch.matmul(torch.softmax(scores, dim=-1), v)
+            forward()
+
+    if args.pass_ == "backward":
+        for tensor in (q, k, v):
+            tensor.requires_grad_(True)
+        shape_o = (args.batch, args.heads, args.lq, args.dim)
+        dout = (torch.rand(shape_o, generator=generator) * 2 - 1).to(dtype)
+
+    def timed():
+        """Runs one repeat and returns the milliseconds of its timed part."""
+        if args.pass_ == "forward":
+            start = time.perf_counter()
+            attend()
+            return (time.perf_counter() - start) * 1e3
+        out = forward()  # untimed: builds the autograd graph
+        for tensor in (q, k, v):
+            tensor.grad = None
+        start = time.perf_counter()
+        out.backward(dout)
+        return (time.perf_counter() - start) * 1e3
 
     for _ in range(2):  # warm-up: allocator pools, thread pool, BLAS buffers
-        attend()
-    times = []
-    for _ in range(args.repeat):
-        start = time.perf_counter()
-        attend()
-        times.append((time.perf_counter() - start) * 1e3)
+        timed()
+    times = [timed() for _ in range(args.repeat)]
     times.sort()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"median_ms={times[len(times) // 2]:.3f} min_ms={times[0]:.3f} max_ms={times[-1]:.3f} "

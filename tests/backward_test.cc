@@ -182,6 +182,42 @@ std::vector<std::pair<std::string, Mask>> small_masks(int64_t B, int64_t Lq, int
       {"predicate", Mask().predicate([](int64_t, int64_t h, int64_t i, int64_t j) {
          return (i + 2 * j + h) % 4 != 3;
        })},
+      {"token ids", Mask().causal().key_pad_id(Array<int64_t>({B, Lk},
+                                                              [&] {
+                                                                std::vector<int64_t> ids(B * Lk, 7);
+                                                                for (int64_t b = 0; b < B; ++b)
+                                                                  ids[b * Lk + Lk - 1 - b] =
+                                                                      0;  // <pad> = 0
+                                                                return ids;
+                                                              }()),
+                                               0)},
+      {"segments", Mask().segments(Array<int64_t>({B, Lq}, std::vector<int64_t>(B * Lq, 1)),
+                                   Array<int64_t>({B, Lk},
+                                                  [&] {
+                                                    std::vector<int64_t> ids(B * Lk);
+                                                    for (int64_t n = 0; n < B * Lk; ++n)
+                                                      ids[n] = n % Lk < 3;
+                                                    return ids;
+                                                  }()))},
+      {"spans & prefix", Mask()
+                             .causal()
+                             .spans(Array<int64_t>({B, Lq}, std::vector<int64_t>(B * Lq, 1)),
+                                    Array<int64_t>({B, Lk},
+                                                   [&] {
+                                                     std::vector<int64_t> ids(B * Lk);
+                                                     for (int64_t n = 0; n < B * Lk; ++n)
+                                                       ids[n] = n % Lk < 4;
+                                                     return ids;
+                                                   }()))
+                             .prefix_lm(2)},
+      {"blocked", Mask().blocked(Array<uint8_t>({Lq, Lk},
+                                                [&] {
+                                                  std::vector<uint8_t> blocked(Lq * Lk);
+                                                  for (int64_t n = 0; n < Lq * Lk; ++n)
+                                                    blocked[n] = n % 4 == 2;
+                                                  return blocked;
+                                                }()))},
+      {"per head", Mask().causal(HeadSet{0}).sliding_window(2, HeadSet{1})},
   };
 }
 
@@ -359,6 +395,23 @@ TEST(BackwardProperties, HiddenRowsAndKeysGetExactZeros) {
       }
     }
   }
+}
+
+TEST(BackwardProperties, HiddenRowsWithASinkGiveTheSinkNoGradient) {
+  // With a sink, a fully hidden row has all its weight on the sink and O = 0 whatever the sink's
+  // logit: it adds nothing to dsinks, even when its dO is NaN.
+  const Problem p(1, 2, 1, 70, 80, 8, 8, 31);
+  ScoreMods mods;
+  mods.sinks = {0.5f, -1.0f};
+  const Mask mask = Mask().causal().query_lengths({66});
+  std::vector<float> dout = random_dout(p, 32);
+  for (int64_t h = 0; h < 2; ++h) dout[(h * 70 + 68) * 8 + 3] = NAN;
+  const Grads fused = run_kernel(p, DType::f32, mask, mods, Kernel::fused, dout);
+  const Grads oracle = run_kernel(p, DType::f32, mask, mods, Kernel::reference, dout);
+  ASSERT_EQ(fused.dsinks.size(), 2u);
+  EXPECT_TRUE(std::isfinite(fused.dsinks[0]) && std::isfinite(fused.dsinks[1]));
+  EXPECT_LE(max_error(fused.dsinks, oracle.dsinks), 1e-5);
+  EXPECT_LE(max_error(fused.dq, oracle.dq), 1e-5);
 }
 
 TEST(BackwardProperties, GarbageAtHiddenPositionsChangesNothing) {

@@ -92,9 +92,12 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
       const float* dout_row = c.dout.row(b, h, i);
       const float* o_row = o.row(b, h, i);
       double sum = 0.0;
-      for (int64_t e = 0; e < p.value_dim; ++e) sum += double{dout_row[e]} * o_row[e];
+      // Zero outputs are skipped: a row whose keys are all hidden has O = 0 (also with a sink),
+      // and its dO may be anything, even NaN, without reaching D or the sink's gradient.
+      for (int64_t e = 0; e < p.value_dim; ++e) {
+        if (o_row[e] != 0.0f) sum += double{dout_row[e]} * o_row[e];
+      }
       lse_rows[row] = row_lse;
-      // A row without keys has O = 0 and no gradient; dO there may be anything, even NaN.
       delta[row] = row_lse == -INFINITY ? 0.0f : static_cast<float>(sum);
       const float* q_row = c.q.row(b, h, i);
       for (int64_t d = 0; d < p.head_dim; ++d) finite &= (q_row[d] - q_row[d]) == 0.0f;

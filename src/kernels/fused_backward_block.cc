@@ -149,20 +149,33 @@ bool LoadKeyRow(const TensorView& t, int64_t b, int64_t g, int64_t j, int64_t wi
   return finite;
 }
 
-// Packs key tile [j0, j0 + rows) of (b, g): scale·Kᵀ, K rows (zero padded to dq_width) and Vᵀ,
-// zero beyond `rows`. Returns whether K and V of the tile are all finite.
+// Packs key tile [j0, j0 + rows) of (b, g): scale·Kᵀ and Vᵀ, zero beyond `rows`, and points
+// sc.k_source at K's rows for dQ (in place when K is f32 with contiguous rows and D a multiple
+// of 16, else a zero-padded copy). Returns whether K and V of the tile are all finite.
 bool PackKeyTile(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, int64_t rows,
                  BackwardScratch& sc) {
   const Problem& p = *c.problem;
   const int64_t dim = p.head_dim, value_dim = p.value_dim;
   std::memset(sc.k_t, 0, dim * T * sizeof(float));
-  std::memset(sc.k_rows, 0, T * c.dq_width * sizeof(float));
   std::memset(sc.v_t, 0, value_dim * T * sizeof(float));
+  const bool in_place = p.k.dtype() == DType::f32 && p.k.stride(3) == 1 && dim == c.dq_width;
+  if (in_place) {
+    sc.k_source = static_cast<const float*>(p.k.data()) + p.k.offset({b, g, j0, 0});
+    sc.k_source_stride = p.k.stride(2);
+  } else {
+    std::memset(sc.k_rows, 0, T * c.dq_width * sizeof(float));
+    sc.k_source = sc.k_rows;
+    sc.k_source_stride = c.dq_width;
+  }
   const float scale = static_cast<float>(p.scale);
   bool finite = true;
   for (int64_t j = 0; j < rows; ++j) {
-    float* k_row = sc.k_rows + j * c.dq_width;
-    finite &= LoadKeyRow(p.k, b, g, j0 + j, dim, k_row);
+    const float* k_row = sc.k_source + j * sc.k_source_stride;
+    if (in_place) {
+      for (int64_t d = 0; d < dim; ++d) finite &= (k_row[d] - k_row[d]) == 0.0f;
+    } else {
+      finite &= LoadKeyRow(p.k, b, g, j0 + j, dim, sc.k_rows + j * c.dq_width);
+    }
     for (int64_t d = 0; d < dim; ++d) sc.k_t[d * T + j] = scale * k_row[d];
     finite &= LoadKeyRow(p.v, b, g, j0 + j, value_dim, sc.row);
     for (int64_t e = 0; e < value_dim; ++e) sc.v_t[e * T + j] = sc.row[e];
@@ -351,8 +364,8 @@ void TilePair(const BackwardContext& c, const BackwardItem& item, int64_t b, int
                  p.head_dim);
   float* dq = c.dq_partial +
               (((item.chunk * p.batch + b) * p.q_heads + h) * p.q_len + q_first) * c.dq_width;
-  ProductGuarded(guarded, Guard::a, sc.ds, T, 1, rows, sc.k_rows, c.dq_width, c.dq_width, true, dq,
-                 c.dq_width, q_count);
+  ProductGuarded(guarded, Guard::a, sc.ds, T, 1, rows, sc.k_source, sc.k_source_stride, c.dq_width,
+                 true, dq, c.dq_width, q_count);
 }
 
 void BackwardItemImpl(const BackwardContext& c, const BackwardItem& item, BackwardScratch& sc) {

@@ -55,8 +55,10 @@ struct BackwardItem {
 struct BackwardScratch {
   void reserve(int64_t head_dim, int64_t value_dim);
 
-  float* k_t = nullptr;       // [D][64]  scale·Kᵀ of the key tile
-  float* k_rows = nullptr;    // [64][dq_width]  K rows, zero padded
+  float* k_t = nullptr;             // [D][64]  scale·Kᵀ of the key tile
+  float* k_rows = nullptr;          // [64][dq_width]  K rows, zero padded (when not read in place)
+  const float* k_source = nullptr;  // K rows of the current tile for dQ: k_rows or K itself
+  int64_t k_source_stride = 0;
   float* v_t = nullptr;       // [Dv][64] Vᵀ
   float* s = nullptr;         // [64][64] scores, then P
   float* ds = nullptr;        // [64][64] dP, then dS
