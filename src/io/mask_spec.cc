@@ -29,7 +29,7 @@ class SpecParser {
  public:
   SpecParser(const std::string& spec, Mask& mask, ScoreMods& mods, std::string label,
              const SpecOptions& options)
-      : spec_(spec), mask_(mask), mods_(mods), label_(std::move(label)), options_(options) {
+      : mask_(mask), mods_(mods), label_(std::move(label)), options_(options) {
     const size_t colon = spec.find(':');
     kind_ = spec.substr(0, colon);
     if (colon != std::string::npos) argument_ = spec.substr(colon + 1);
@@ -244,7 +244,6 @@ class SpecParser {
     return shape;
   }
 
-  const std::string& spec_;
   Mask& mask_;
   ScoreMods& mods_;
   std::string label_;

@@ -200,8 +200,8 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
       if (item.partial < 0) {
         write(item.b, batch[r].h, batch[r].i, scratch.out + r * p.value_dim, scratch.lse[r]);
       } else {
-        std::memcpy(partial_out.data() + (item.partial * kMaxRows + r) * p.value_dim,
-                    scratch.out + r * p.value_dim, p.value_dim * sizeof(float));
+        std::copy_n(scratch.out + r * p.value_dim, p.value_dim,
+                    partial_out.data() + (item.partial * kMaxRows + r) * p.value_dim);
         partial_lse[item.partial * kMaxRows + r] = scratch.lse[r];
       }
     }

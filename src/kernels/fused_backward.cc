@@ -182,7 +182,7 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
   dq_partial.resize(dq_rows * c.dq_width);
   c.dq_partial = dq_partial.data();
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t row = 0; row < dq_rows; ++row) {
+  for (int64_t row = 0; row < (c.dq_width > 0 ? dq_rows : 0); ++row) {
     std::memset(c.dq_partial + row * c.dq_width, 0, c.dq_width * sizeof(float));
   }
   run_longest_first(costs, p.threads, [&](int64_t n) {

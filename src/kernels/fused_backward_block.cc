@@ -138,6 +138,7 @@ void ProductGuarded(bool guarded, Guard kind, const float* a, int64_t a_row, int
 
 // One row of K or V as f32 into `out`; returns whether every value is finite.
 bool LoadKeyRow(const TensorView& t, int64_t b, int64_t g, int64_t j, int64_t width, float* out) {
+  if (width == 0) return true;  // an empty row may sit at a null pointer
   const int64_t offset = t.offset({b, g, j, 0});
   if (t.dtype() == DType::f32 && t.stride(3) == 1) {
     std::memcpy(out, static_cast<const float*>(t.data()) + offset, width * sizeof(float));

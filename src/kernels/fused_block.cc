@@ -56,6 +56,7 @@ constexpr float kNegInf = -INFINITY;
 // `count` elements from `offset`, `stride` apart, widened to f32 (vectorised when contiguous).
 void LoadRow(const TensorView& t, int64_t offset, int64_t stride, int64_t count,
              float* HWY_RESTRICT out) {
+  if (count == 0) return;  // an empty row may sit at a null pointer (memcpy must not see it)
   if (stride == 1) {
     const DF df;
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
@@ -110,53 +111,48 @@ const float* TileRows(const TensorView& t, int64_t b, int64_t g, int64_t j0, int
   return buffer;
 }
 
-void ConvertToF32(const TensorView& t, float* out, int threads) {
-  const int64_t rows = t.size(0) * t.size(1) * t.size(2), width = t.size(3);
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads())
-  for (int64_t row = 0; row < rows; ++row) {
+// Rows [first, first + count) of the [B·H·L] rows of t, as f32 rows of width W.
+void ConvertRowsToF32(const TensorView& t, int64_t first, int64_t count, float* out) {
+  const int64_t width = t.size(3);
+  for (int64_t row = first; row < first + count; ++row) {
     const int64_t l = row % t.size(2), h = (row / t.size(2)) % t.size(1);
     const int64_t b = row / (t.size(2) * t.size(1));
     LoadRow(t, t.offset({b, h, l, 0}), t.stride(3), width, out + row * width);
   }
 }
 
-void MarkFiniteValueTiles(const Problem& p, uint8_t* flags) {
+// The flags of kv head (b, g): one per key tile.
+void MarkFiniteValueTilesOf(const Problem& p, int64_t b, int64_t g, uint8_t* flags) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
   const TensorView& v = p.v;
   const bool contiguous_f32 = v.dtype() == DType::f32 && v.stride(3) == 1;
-  const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
-#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
-  for (int64_t b = 0; b < p.batch; ++b) {
-    for (int64_t g = 0; g < p.kv_heads; ++g) {
-      std::vector<float> row(contiguous_f32 ? 0 : p.value_dim);
-      for (int64_t t = 0; t < k_tiles; ++t) {
-        // x − x is 0 for finite x and NaN for ±inf and NaN: one test for all three.
-        auto bad = hn::Zero(df);
-        bool all_finite = true;
-        for (int64_t j = t * kTileK; j < std::min(p.k_len, (t + 1) * kTileK); ++j) {
-          const float* values = contiguous_f32
-                                    ? static_cast<const float*>(v.data()) + v.offset({b, g, j, 0})
-                                    : row.data();
-          if (!contiguous_f32)
-            LoadRow(v, v.offset({b, g, j, 0}), v.stride(3), p.value_dim, row.data());
-          int64_t e = 0;
-          for (; e + N <= p.value_dim; e += N) {
-            const VF x = hn::LoadU(df, values + e);
-            bad = hn::Or(bad, hn::Sub(x, x));
-          }
-          for (; e < p.value_dim; ++e) all_finite &= std::isfinite(values[e]);
-        }
-        all_finite &= hn::AllFalse(df, hn::IsNaN(bad));
-        flags[(b * p.kv_heads + g) * k_tiles + t] = all_finite;
+  std::vector<float> row(contiguous_f32 ? 0 : p.value_dim);
+  for (int64_t t = 0; t < k_tiles; ++t) {
+    // x − x is 0 for finite x and NaN for ±inf and NaN: one test for all three.
+    auto bad = hn::Zero(df);
+    bool all_finite = true;
+    for (int64_t j = t * kTileK; j < std::min(p.k_len, (t + 1) * kTileK); ++j) {
+      const float* values = contiguous_f32
+                                ? static_cast<const float*>(v.data()) + v.offset({b, g, j, 0})
+                                : row.data();
+      if (!contiguous_f32) LoadRow(v, v.offset({b, g, j, 0}), v.stride(3), p.value_dim, row.data());
+      int64_t e = 0;
+      for (; e + N <= p.value_dim; e += N) {
+        const VF x = hn::LoadU(df, values + e);
+        bad = hn::Or(bad, hn::Sub(x, x));
       }
+      for (; e < p.value_dim; ++e) all_finite &= std::isfinite(values[e]);
     }
+    all_finite &= hn::AllFalse(df, hn::IsNaN(bad));
+    flags[(b * p.kv_heads + g) * k_tiles + t] = all_finite;
   }
 }
 
 void StoreRow(const MutableTensorView& t, int64_t offset, int64_t stride, const float* values,
               int64_t count) {
+  if (count == 0) return;  // an empty row may sit at a null pointer
   if (stride == 1) {
     const DF df;
     const int64_t N = static_cast<int64_t>(hn::Lanes(df));
@@ -752,21 +748,36 @@ namespace maskattn::detail::fused {
 
 HWY_EXPORT(AttendBlock);
 HWY_EXPORT(AttendRows);
-HWY_EXPORT(MarkFiniteValueTiles);
+HWY_EXPORT(MarkFiniteValueTilesOf);
 HWY_EXPORT(ExpNonPositiveArray);
 
 void exp_non_positive(const float* in, int64_t count, float* out) {
   HWY_DYNAMIC_DISPATCH(ExpNonPositiveArray)(in, count, out);
 }
-HWY_EXPORT(ConvertToF32);
+HWY_EXPORT(ConvertRowsToF32);
 
+// The OpenMP loops live here, outside the per-target code: clang 14 crashes compiling OpenMP
+// regions inside Highway's target-attributed namespaces (seen building the fuzzers).
 void convert_to_f32(const TensorView& t, float* out, int threads) {
-  HWY_DYNAMIC_DISPATCH(ConvertToF32)(t, out, threads);
+  const int64_t rows = t.size(0) * t.size(1) * t.size(2);
+  constexpr int64_t kRowsPerTask = 64;
+  const int64_t tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads())
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t first = task * kRowsPerTask;
+    HWY_DYNAMIC_DISPATCH(ConvertRowsToF32)(t, first, std::min(kRowsPerTask, rows - first), out);
+  }
 }
 HWY_EXPORT(StoreRow);
 
-void mark_finite_value_tiles(const Problem& problem, uint8_t* flags) {
-  HWY_DYNAMIC_DISPATCH(MarkFiniteValueTiles)(problem, flags);
+void mark_finite_value_tiles(const Problem& p, uint8_t* flags) {
+  const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t g = 0; g < p.kv_heads; ++g) {
+      HWY_DYNAMIC_DISPATCH(MarkFiniteValueTilesOf)(p, b, g, flags);
+    }
+  }
 }
 
 void store_row(const MutableTensorView& t, int64_t offset, int64_t stride, const float* values,

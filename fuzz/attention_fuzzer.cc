@@ -1,0 +1,250 @@
+// The attention API with fuzzer-chosen shapes, dtypes, masks, modifiers and values, on small
+// sizes: the fused forward and backward must agree with the f64 reference (or both reject the
+// input with maskattn::Error), and nothing may crash or touch memory it should not.
+//
+// Comparisons are made only where the math is well conditioned: finite inputs of moderate size,
+// additive masks from {0, −0.5, −2, −inf} and no threshold (a threshold is a step: f32 and f64
+// scores may fall on either side of it). Everything else still runs, for the sanitizers.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "maskattn/attention.h"
+#include "maskattn/dtype.h"
+#include "maskattn/error.h"
+
+namespace {
+
+using namespace maskattn;
+
+std::string g_case;  // the case under test, printed with any failure
+
+struct Tensor {
+  DType dtype;
+  Dims shape;
+  std::vector<uint16_t> words;  // f32 takes two words per element
+  Tensor(DType type, Dims dims) : dtype(type), shape(std::move(dims)) {
+    int64_t count = 1;
+    for (int64_t d : shape) count *= d;
+    words.assign(static_cast<size_t>(count) * (dtype == DType::f32 ? 2 : 1), 0);
+  }
+  int64_t numel() const {
+    return static_cast<int64_t>(words.size()) / (dtype == DType::f32 ? 2 : 1);
+  }
+  void set(int64_t n, float x) {
+    if (dtype == DType::f32) {
+      reinterpret_cast<float*>(words.data())[n] = x;
+    } else if (dtype == DType::f16) {
+      words[n] = float16_from_float(x).bits;
+    } else {
+      words[n] = bfloat16_from_float(x).bits;
+    }
+  }
+  float get(int64_t n) const {
+    if (dtype == DType::f32) return reinterpret_cast<const float*>(words.data())[n];
+    if (dtype == DType::f16) return to_float(float16{words[n]});
+    return to_float(bfloat16{words[n]});
+  }
+  TensorView view() const { return TensorView(words.data(), dtype, shape); }
+  MutableTensorView mutable_view() { return MutableTensorView(words.data(), dtype, shape); }
+};
+
+// A value from the fuzzer: usually a multiple of 1/16 in [−4, 4]; rarely NaN or ±inf.
+float value(FuzzedDataProvider& in, bool& finite) {
+  const uint8_t byte = in.ConsumeIntegral<uint8_t>();
+  if (byte == 255) {
+    finite = false;
+    return NAN;
+  }
+  if (byte == 254) {
+    finite = false;
+    return -INFINITY;
+  }
+  return (static_cast<int>(byte) - 127) / 16.0f * 0.5f;
+}
+
+// |a − b| ≤ tol·(1 + scale) + slack for every element; NaN only together.
+void expect_close(const Tensor& fused, const Tensor& exact, double tol, const char* what,
+                  double slack = 0.0) {
+  double scale = 0.0;
+  for (int64_t n = 0; n < exact.numel(); ++n) {
+    if (std::isfinite(exact.get(n))) scale = std::max(scale, std::fabs(double{exact.get(n)}));
+  }
+  for (int64_t n = 0; n < exact.numel(); ++n) {
+    const double a = fused.get(n), b = exact.get(n);
+    if (std::isnan(a) != std::isnan(b) || std::fabs(a - b) > tol * (1.0 + scale) + slack) {
+      std::fprintf(stderr, "%s: element %lld fused %.9g reference %.9g (scale %.3g)\ncase: %s\n",
+                   what, static_cast<long long>(n), a, b, scale, g_case.c_str());
+      std::abort();
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider in(data, size);
+  const DType dtype = in.PickValueInArray({DType::f32, DType::f16, DType::bf16});
+  const int64_t B = in.ConsumeIntegralInRange<int64_t>(1, 2);
+  const int64_t Hkv = in.ConsumeIntegralInRange<int64_t>(1, 2);
+  const int64_t Hq = Hkv * in.ConsumeIntegralInRange<int64_t>(1, 2);
+  const int64_t Lq = in.ConsumeIntegralInRange<int64_t>(0, 70);
+  const int64_t Lk = in.ConsumeIntegralInRange<int64_t>(0, 70);
+  const int64_t D = in.ConsumeIntegralInRange<int64_t>(1, 9);
+  const int64_t Dv = in.ConsumeIntegralInRange<int64_t>(0, 5);
+  bool comparable = true;
+
+  Mask mask;
+  ScoreMods mods;
+  const uint32_t parts = in.ConsumeIntegral<uint32_t>();
+  const auto lengths = [&](int64_t limit) {
+    std::vector<int64_t> values(B);
+    for (int64_t& x : values) x = in.ConsumeIntegralInRange<int64_t>(-1, limit + 1);
+    return values;
+  };
+  try {
+    if (parts & 1) mask.causal((parts & 2) ? Alignment::top_left : Alignment::bottom_right);
+    if (parts & 4)
+      mask.window(in.ConsumeIntegralInRange<int64_t>(-1, 20),
+                  in.ConsumeIntegralInRange<int64_t>(-1, 20));
+    if (parts & 8) mask.chunk(in.ConsumeIntegralInRange<int64_t>(0, 40));
+    if (parts & 16) mask.key_lengths(lengths(Lk));
+    if (parts & 32) mask.query_lengths(lengths(Lq));
+    if (parts & 64) mask.key_starts(lengths(Lk));
+    if (parts & 128) {
+      std::vector<int64_t> ids(B * Lk);
+      for (int64_t& x : ids) x = in.ConsumeIntegralInRange<int64_t>(0, 2);
+      mask.segments(Array<int64_t>({B, Lk}, ids), Array<int64_t>({B, Lk}, ids));
+    }
+    if (parts & 256) {
+      std::vector<uint8_t> keep(Lq * Lk);
+      for (uint8_t& x : keep) x = in.ConsumeBool();
+      mask.keep(Array<uint8_t>({Lq, Lk}, keep));
+    }
+    if (parts & 512) {
+      std::vector<float> additive(Lk);
+      for (float& x : additive) x = in.PickValueInArray({0.0f, -0.5f, -2.0f, -INFINITY});
+      mask.additive(Array<float>({1, 1, 1, Lk}, additive));
+    }
+    if (parts & 1024) {
+      const int64_t modulus = in.ConsumeIntegralInRange<int64_t>(2, 5);
+      mask.predicate([modulus](int64_t b, int64_t h, int64_t i, int64_t j) {
+        return (b + h + i + 2 * j) % modulus != 0;
+      });
+    }
+    if (parts & 2048) mask.prefix_lm(in.ConsumeIntegralInRange<int64_t>(-1, 10));
+    if (parts & 4096) mods.softcap = in.ConsumeIntegralInRange<int>(0, 40) / 4.0;
+    if (parts & 8192) {
+      for (int64_t h = 0; h < Hq; ++h) mods.alibi_slopes.push_back(0.25f * (h + 1));
+    }
+    if (parts & 16384) {
+      std::vector<float> bias(Lq * Lk);
+      for (float& x : bias) x = in.ConsumeIntegralInRange<int>(-8, 8) / 8.0f;
+      mods.bias = Array<float>({Lq, Lk}, bias);
+    }
+    if (parts & 32768) {
+      for (int64_t h = 0; h < Hq; ++h)
+        mods.sinks.push_back(in.ConsumeIntegralInRange<int>(-8, 8) / 4.0f);
+    }
+    if (parts & 65536) {
+      mods.threshold = in.ConsumeIntegralInRange<int>(-16, 16) / 4.0;
+      comparable = false;
+    }
+  } catch (const Error&) {
+    return 0;  // a component rejected its arguments
+  }
+
+  g_case = std::string(dtype_name(dtype)) + " q " + shape_string({B, Hq, Lq, D}) + " k " +
+           shape_string({B, Hkv, Lk, D}) + " Dv " + std::to_string(Dv) + " mask " +
+           mask.describe() + " mods:" + (mods.softcap ? " softcap" : "") +
+           (mods.alibi_slopes.empty() ? "" : " alibi") + (mods.bias ? " bias" : "") +
+           (mods.sinks.empty() ? "" : " sinks") + (mods.threshold ? " threshold" : "");
+  Tensor q(dtype, {B, Hq, Lq, D}), k(dtype, {B, Hkv, Lk, D}), v(dtype, {B, Hkv, Lk, Dv});
+  Tensor dout(dtype, {B, Hq, Lq, Dv});
+  for (Tensor* t : {&q, &k, &v, &dout}) {
+    for (int64_t n = 0; n < t->numel(); ++n) t->set(n, value(in, comparable));
+  }
+
+  Options options;
+  options.threads = in.ConsumeIntegralInRange<int>(1, 3);
+  options.block_skipping = in.ConsumeBool();
+  g_case += " threads " + std::to_string(options.threads) +
+            (options.block_skipping ? "" : " no-skipping");
+  Tensor out_fused(dtype, {B, Hq, Lq, Dv}), out_exact(dtype, {B, Hq, Lq, Dv});
+  Tensor lse_fused(DType::f32, {B, Hq, Lq}), lse_exact(DType::f32, {B, Hq, Lq});
+  bool fused_failed = false, exact_failed = false;
+  try {
+    options.kernel = Kernel::fused;
+    attention(q.view(), k.view(), v.view(), out_fused.mutable_view(), mask, mods, options,
+              lse_fused.mutable_view());
+  } catch (const Error&) {
+    fused_failed = true;
+  }
+  try {
+    options.kernel = Kernel::reference;
+    attention(q.view(), k.view(), v.view(), out_exact.mutable_view(), mask, mods, options,
+              lse_exact.mutable_view());
+  } catch (const Error&) {
+    exact_failed = true;
+  }
+  if (fused_failed != exact_failed) {
+    std::fprintf(stderr, "one kernel rejected the input, the other did not\n");
+    std::abort();
+  }
+  if (fused_failed) return 0;
+  const double tol = dtype == DType::f32 ? 1e-4 : dtype == DType::f16 ? 1e-2 : 5e-2;
+  if (comparable) {
+    expect_close(out_fused, out_exact, tol, "out");
+    expect_close(lse_fused, lse_exact, tol, "lse");
+  }
+
+  // The backward, both kernels, from the fused forward's outputs.
+  Tensor dq_f(dtype, q.shape), dk_f(dtype, k.shape), dv_f(dtype, v.shape);
+  Tensor dq_r(dtype, q.shape), dk_r(dtype, k.shape), dv_r(dtype, v.shape);
+  ScoreMods backward_mods = mods;  // score_fn is never set here
+  try {
+    options.kernel = Kernel::fused;
+    attention_backward(q.view(), k.view(), v.view(), out_fused.view(), lse_fused.view(),
+                       dout.view(),
+                       {dq_f.mutable_view(), dk_f.mutable_view(), dv_f.mutable_view(), {}, {}},
+                       mask, backward_mods, options);
+    options.kernel = Kernel::reference;
+    attention_backward(q.view(), k.view(), v.view(), out_fused.view(), lse_fused.view(),
+                       dout.view(),
+                       {dq_r.mutable_view(), dk_r.mutable_view(), dv_r.mutable_view(), {}, {}},
+                       mask, backward_mods, options);
+  } catch (const Error&) {
+    std::fprintf(stderr, "the backward rejected what the forward accepted\n");
+    std::abort();
+  }
+  if (comparable) {
+    // The fused backward takes D_i = Σ_e dO_ie·O_ie from the forward's O, rounded to the dtype;
+    // the reference recomputes O exactly. With 16-bit O, D_i is off by up to
+    // u·Σ_e |dO_ie·O_ie| (u the unit roundoff), which dS = P∘(dP − D) passes on to dQ (at most
+    // scale·max|K| per unit of D) and to dK (scale·max|Q| summed over the rows). dV does not
+    // use D.
+    const double u = dtype == DType::f32 ? 0.0 : dtype == DType::f16 ? 0x1p-11 : 0x1p-8;
+    double max_error_d = 0.0, sum_error_d = 0.0, max_q = 0.0, max_k = 0.0;
+    for (int64_t row = 0; row < B * Hq * Lq; ++row) {
+      double sum = 0.0;
+      for (int64_t e = 0; e < Dv; ++e) {
+        sum += std::fabs(double{dout.get(row * Dv + e)} * out_fused.get(row * Dv + e));
+      }
+      max_error_d = std::max(max_error_d, 2 * u * sum);
+      sum_error_d += 2 * u * sum;
+    }
+    for (int64_t n = 0; n < q.numel(); ++n) max_q = std::max(max_q, std::fabs(double{q.get(n)}));
+    for (int64_t n = 0; n < k.numel(); ++n) max_k = std::max(max_k, std::fabs(double{k.get(n)}));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    const double grad_tol = dtype == DType::f32 ? 1e-3 : dtype == DType::f16 ? 3e-2 : 1e-1;
+    expect_close(dq_f, dq_r, grad_tol, "dq", scale * max_k * max_error_d);
+    expect_close(dk_f, dk_r, grad_tol, "dk", scale * max_q * sum_error_d);
+    expect_close(dv_f, dv_r, grad_tol, "dv");
+  }
+  return 0;
+}
