@@ -18,6 +18,7 @@
 #include "mask/resolved_mask.h"
 #include "mask/resolved_mods.h"
 #include "maskattn/error.h"
+#include "maskattn/memory.h"
 #include "validate.h"
 
 namespace maskattn {
@@ -143,7 +144,9 @@ void merge_partials(const std::vector<PartialResult>& parts, const MutableTensor
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape) {
   const ResolvedMask resolved(mask, shape);
   const Dims dims = {shape.batch, shape.q_heads, shape.q_len, shape.k_len};
-  std::vector<uint8_t> values(static_cast<size_t>(checked_numel(dims, "allowed_pairs")));
+  const int64_t count = checked_numel(dims, "allowed_pairs");
+  require_memory(static_cast<double>(count), "allowed_pairs " + shape_string(dims));
+  std::vector<uint8_t> values(static_cast<size_t>(count));
   size_t n = 0;
   for (int64_t b = 0; b < shape.batch; ++b) {
     for (int64_t h = 0; h < shape.q_heads; ++h) {
@@ -163,7 +166,9 @@ Array<uint8_t> block_map(const Mask& mask, const MaskShape& shape, int64_t tile_
   const ResolvedMask resolved(mask, shape);
   const detail::BlockMap map(resolved, tile_q, tile_k);
   const Dims dims = {shape.batch, shape.q_heads, map.q_tiles(), map.k_tiles()};
-  std::vector<uint8_t> kinds(static_cast<size_t>(checked_numel(dims, "block_map")));
+  const int64_t count = checked_numel(dims, "block_map");
+  require_memory(static_cast<double>(count), "block_map " + shape_string(dims));
+  std::vector<uint8_t> kinds(static_cast<size_t>(count));
   size_t n = 0;
   for (int64_t b = 0; b < shape.batch; ++b) {
     for (int64_t h = 0; h < shape.q_heads; ++h) {
@@ -185,7 +190,9 @@ Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape, int64_t b
   }
   const ResolvedMask resolved(mask, shape);
   const Dims dims = {shape.q_len, shape.k_len};
-  std::vector<uint8_t> values(static_cast<size_t>(checked_numel(dims, "allowed_pairs")));
+  const int64_t count = checked_numel(dims, "allowed_pairs");
+  require_memory(static_cast<double>(count), "allowed_pairs " + shape_string(dims));
+  std::vector<uint8_t> values(static_cast<size_t>(count));
   size_t n = 0;
   for (int64_t i = 0; i < shape.q_len; ++i) {
     for (int64_t j = 0; j < shape.k_len; ++j) values[n++] = resolved.allowed(batch, head, i, j);

@@ -11,6 +11,7 @@
 #include "mask/resolved_mask.h"
 #include "mask/resolved_mods.h"
 #include "maskattn/error.h"
+#include "maskattn/memory.h"
 #include "validate.h"
 
 namespace maskattn {
@@ -75,6 +76,10 @@ GradcheckReport gradcheck(const TensorView& q, const TensorView& k, const Tensor
   }
   // ---- analytic: the forward and backward as the caller would run them ----
   detail::Problem shape = detail::make_problem(q, k, &v, options);
+  // Gradients and f32 copies of the inputs (4 bytes each, about three times over), the f64 output.
+  require_memory(
+      12.0 * (q.numel() + k.numel() + v.numel() + 2.0 * dout.numel()) + 8.0 * dout.numel(),
+      "gradcheck for q " + q.shape_string() + ", k " + k.shape_string());
   const Dims out_shape = {shape.batch, shape.q_heads, shape.q_len, shape.value_dim};
   GradientBuffer out(out_shape, q.dtype());
   std::vector<float> lse(static_cast<size_t>(shape.batch * shape.q_heads * shape.q_len));

@@ -2,6 +2,7 @@
 // id), and a check that every entry of the document has its test.
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -719,6 +720,30 @@ TEST(Errors, E82_GradFilesDisagree) {
   files.write("d3.npy", NpyArray::from_floats(std::vector<float>(15), {1, 3, 5}));
   expect_cli_error(inputs + " --dout " + files.dir.path("d3.npy") + grads,
                    "dout has shape [1,1,3,5] but must be [1,1,3,4]", files.dir.path("dq.npy"));
+}
+
+TEST(Errors, E83_MemoryCap) {
+  EXPECT_MASKATTN_ERROR(allowed_pairs(Mask(), {1, 1, int64_t{1} << 22, int64_t{1} << 22}),
+                        "allowed_pairs [1,1,4194304,4194304] needs 16.0 TiB of memory, more than "
+                        "the memory limit of");
+}
+
+TEST(Errors, E84_MemoryLimitVariable) {
+  CliFiles files;
+  setenv("MASKATTN_MEMORY_LIMIT", "12 apples", 1);
+  const test::CliResult result = test::run_cli(files.attend(""));
+  unsetenv("MASKATTN_MEMORY_LIMIT");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("MASKATTN_MEMORY_LIMIT='12 apples' is not a size (bytes, or a number "
+                            "with K, M, G or T, e.g. 512M)"),
+            std::string::npos)
+      << result.err;
+  EXPECT_FALSE(std::filesystem::exists(files.dir.path("out.npy")));
+}
+
+TEST(Errors, E85_NegativeMemoryLimit) {
+  EXPECT_MASKATTN_ERROR(set_memory_limit(-5),
+                        "set_memory_limit: -5 bytes must be ≥ 0 (0 = default)");
 }
 
 // ---- the document and the tests agree ------------------------------------------------------

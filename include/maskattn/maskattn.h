@@ -8,6 +8,7 @@
 #include "maskattn/gradcheck.h"
 #include "maskattn/mask.h"
 #include "maskattn/mask_spec.h"
+#include "maskattn/memory.h"
 #include "maskattn/npy.h"
 #include "maskattn/score_mods.h"
 #include "maskattn/shape.h"

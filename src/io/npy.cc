@@ -20,6 +20,7 @@
 #include <system_error>
 
 #include "maskattn/error.h"
+#include "maskattn/memory.h"
 
 namespace maskattn {
 namespace {
@@ -485,6 +486,8 @@ std::vector<uint8_t> read_whole_file(const std::string& path) {
   std::error_code error;
   const uintmax_t size = std::filesystem::file_size(path, error);
   if (error) throw Error("cannot read '" + path + "': " + error.message());
+  // The file is held twice at peak: its bytes, then the parsed array.
+  require_memory(2.0 * static_cast<double>(size), "reading '" + path + "'");
   std::vector<uint8_t> contents(static_cast<size_t>(size));
   const size_t read = std::fread(contents.data(), 1, contents.size(), file.get());
   if (read != contents.size()) {

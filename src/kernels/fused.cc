@@ -25,6 +25,7 @@
 #include "kernels/fused_block.h"
 #include "kernels/merge.h"
 #include "kernels/work_items.h"
+#include "maskattn/memory.h"
 
 namespace maskattn::detail::fused {
 
@@ -60,6 +61,21 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
                         bf16_dot_available();
   const bool convert = !row_mode && !bf16_dot &&
                        (p.k.dtype() != DType::f32 || p.k.stride(3) != 1 || p.v.stride(3) != 1);
+  {
+    // Working memory: K and V as f32 (or V paired for bf16), split-key partials, and O(tile)
+    // scratch per thread (kept across calls).
+    const double keys = static_cast<double>(p.k.size(0)) * p.k.size(1) * p.k_len;
+    double bytes = 4.0 * (kTileQ + kTileK) * (2.0 * p.head_dim + 2.0 * p.value_dim + kTileQ) *
+                   (p.threads > 0 ? p.threads : omp_get_max_threads());
+    if (convert) bytes += 4.0 * keys * (p.head_dim + p.value_dim);
+    if (bf16_dot) bytes += 4.0 * (keys / 2 + p.batch * p.kv_heads) * p.value_dim;
+    if (row_mode && p.k_len > 2 * kChunkKeys) {
+      bytes += 4.0 * p.batch * p.kv_heads * (p.k_len / kChunkKeys + 1) * kMaxRows *
+               (p.value_dim + 1) * ((p.q_heads / std::max<int64_t>(p.kv_heads, 1)) * p.q_len);
+    }
+    require_memory(bytes, "attention (fused kernel) for q " + p.q.shape_string() + ", k " +
+                              p.k.shape_string());
+  }
   if (convert) {
     std::vector<float>& kv = reused<float, Forward>();
     const int64_t keys = p.k.size(0) * p.k.size(1) * p.k_len;

@@ -21,6 +21,7 @@
 #include "kernels/fused_backward_block.h"
 #include "kernels/fused_block.h"
 #include "kernels/work_items.h"
+#include "maskattn/memory.h"
 
 namespace maskattn::detail::fused {
 
@@ -67,6 +68,23 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
   const int64_t rows = p.batch * p.q_heads * p.q_len;
   const int64_t q_tiles = (p.q_len + T - 1) / T, k_tiles = (p.k_len + T - 1) / T;
   const ResolvedMods& mods = *p.mods;
+
+  {
+    // Working memory: f32 copies of what is not f32 with contiguous rows, per-row D and LSE, the
+    // per-chunk dQ partials (at most kTargetItems of them), dbias, and O(tile) scratch per thread.
+    const auto copy = [](const TensorView& t) {
+      return t.dtype() == DType::f32 && t.stride(3) == 1 ? 0.0 : 4.0 * t.numel();
+    };
+    const double dq_rows =
+        static_cast<double>(std::min<int64_t>(kTargetItems, std::max<int64_t>(k_tiles, 1))) * rows;
+    const double bytes =
+        copy(p.q) + copy(dout) + copy(out) + 8.0 * rows +
+        4.0 * dq_rows * ((p.head_dim + 15) / 16 * 16) +
+        4.0 * static_cast<double>(grads.dbias.is_null() ? 0 : grads.dbias.numel()) +
+        4.0 * T * (3.0 * p.head_dim + 3.0 * p.value_dim + 3 * T + 16) * threads;
+    require_memory(bytes, "attention_backward (fused kernel) for q " + p.q.shape_string() + ", k " +
+                              p.k.shape_string());
+  }
 
   BackwardContext c;
   c.problem = &p;

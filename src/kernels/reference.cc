@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/element.h"
+#include "maskattn/memory.h"
 
 namespace maskattn::detail::reference {
 
@@ -64,6 +65,8 @@ void for_each_row(const Problem& p, RowFn&& fn) {
   if (rows == 0) return;
   const int requested = p.threads > 0 ? p.threads : omp_get_max_threads();
   const int threads = static_cast<int>(std::min<int64_t>(requested, rows));
+  require_memory(8.0 * threads * (2.0 * p.k_len + 2.0 * p.head_dim + p.value_dim),
+                 "the reference kernel for q " + p.q.shape_string() + ", k " + p.k.shape_string());
   std::exception_ptr failure;
   std::atomic<bool> failed{false};
   const auto record = [&] {
@@ -314,6 +317,12 @@ void backward(const Problem& p, const TensorView& dout, const Gradients& grads) 
   const int64_t pairs = p.batch * p.kv_heads;
   const int requested = p.threads > 0 ? p.threads : omp_get_max_threads();
   const int threads = shared_outputs ? 1 : static_cast<int>(std::min<int64_t>(requested, pairs));
+  require_memory(8.0 * std::max(threads, 1) *
+                         (3.0 * p.k_len + 2.0 * p.head_dim + 3.0 * p.value_dim +
+                          static_cast<double>(p.k_len) * (p.head_dim + p.value_dim)) +
+                     8.0 * static_cast<double>(grads.dbias.is_null() ? 0 : grads.dbias.numel()),
+                 "attention_backward (reference kernel) for q " + p.q.shape_string() + ", k " +
+                     p.k.shape_string());
   std::exception_ptr failure;
 #pragma omp parallel num_threads(std::max(threads, 1))
   {

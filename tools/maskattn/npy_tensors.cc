@@ -9,13 +9,23 @@
 #include <filesystem>
 
 #include "maskattn/error.h"
+#include "maskattn/memory.h"
 
 namespace maskattn::cli {
 
+namespace {
+
+// Bytes of a [B,H,L,D] tensor, checked against the memory cap before anything is allocated.
+size_t buffer_bytes(const Dims& shape, DType dtype) {
+  const double bytes = static_cast<double>(checked_numel(shape, "tensor")) * dtype_size(dtype);
+  require_memory(bytes, "a " + std::string(dtype_name(dtype)) + " tensor " + shape_string(shape));
+  return static_cast<size_t>(bytes);
+}
+
+}  // namespace
+
 TensorBuffer::TensorBuffer(DType dtype, Dims shape)
-    : dtype_(dtype),
-      shape_(std::move(shape)),
-      bytes_(static_cast<size_t>(checked_numel(shape_, "tensor")) * dtype_size(dtype)) {}
+    : dtype_(dtype), shape_(std::move(shape)), bytes_(buffer_bytes(shape_, dtype)) {}
 
 TensorBuffer TensorBuffer::from_floats(const std::vector<float>& values, Dims shape, DType dtype) {
   TensorBuffer buffer(dtype, std::move(shape));
