@@ -36,14 +36,21 @@ int thread_count(const Problem& p) {
   return p.threads > 0 ? p.threads : omp_get_max_threads();
 }
 
-// `t` as f32 rows: in place when it is f32 with contiguous rows, else converted into `buffer`.
-F32Rows f32_rows(const TensorView& t, std::vector<float>& buffer, int threads) {
-  if (t.dtype() == DType::f32 && t.stride(3) == 1) {
+// `t` as f32 rows `width` ≥ W floats wide that may be read in full (the kernel's products read
+// whole vectors): in place when t is f32 with contiguous rows and width == W, else converted
+// into `buffer` with zero-filled tails.
+F32Rows f32_rows(const TensorView& t, int64_t width, std::vector<float>& buffer, int threads) {
+  if (t.dtype() == DType::f32 && t.stride(3) == 1 && width == t.size(3)) {
     return {static_cast<const float*>(t.data()), t.stride(0), t.stride(1), t.stride(2)};
   }
-  buffer.resize(t.numel());
-  convert_to_f32(t, buffer.data(), threads);
-  return {buffer.data(), t.size(1) * t.size(2) * t.size(3), t.size(2) * t.size(3), t.size(3)};
+  const int64_t rows = t.size(0) * t.size(1) * t.size(2);
+  buffer.resize(rows * width);
+  convert_to_f32(t, buffer.data(), threads, width);
+  return {buffer.data(), t.size(1) * t.size(2) * width, t.size(2) * width, width};
+}
+
+int64_t padded(int64_t width) {
+  return (width + 15) / 16 * 16;
 }
 
 // Writes `values` (row-major, the view's shape) into a view of any strides.
@@ -73,7 +80,8 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
     // Working memory: f32 copies of what is not f32 with contiguous rows, per-row D and LSE, the
     // per-chunk dQ partials (at most kTargetItems of them), dbias, and O(tile) scratch per thread.
     const auto copy = [](const TensorView& t) {
-      return t.dtype() == DType::f32 && t.stride(3) == 1 ? 0.0 : 4.0 * t.numel();
+      const bool in_place = t.dtype() == DType::f32 && t.stride(3) == 1 && t.size(3) % 16 == 0;
+      return in_place ? 0.0 : 4.0 * t.numel() / std::max<int64_t>(t.size(3), 1) * padded(t.size(3));
     };
     const double dq_rows =
         static_cast<double>(std::min<int64_t>(kTargetItems, std::max<int64_t>(k_tiles, 1))) * rows;
@@ -88,9 +96,9 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
 
   BackwardContext c;
   c.problem = &p;
-  c.q = f32_rows(p.q, reused<float, Backward, 0>(), threads);
-  c.dout = f32_rows(dout, reused<float, Backward, 1>(), threads);
-  const F32Rows o = f32_rows(out, reused<float, Backward, 2>(), threads);
+  c.q = f32_rows(p.q, padded(p.head_dim), reused<float, Backward, 0>(), threads);
+  c.dout = f32_rows(dout, padded(p.value_dim), reused<float, Backward, 1>(), threads);
+  const F32Rows o = f32_rows(out, p.value_dim, reused<float, Backward, 2>(), threads);
 
   // ---- per row: the LSE (contiguous), D_i = Σ_e dO_ie·O_ie; per query tile: finiteness ----
   std::vector<float>& row_state = reused<float, Backward, 3>();
@@ -107,19 +115,12 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
     for (int64_t i = tile % q_tiles * T; i < i_end; ++i) {
       const int64_t row = bh * p.q_len + i;
       const float row_lse = static_cast<const float*>(lse.data())[lse.offset({b, h, i, 0})];
-      const float* dout_row = c.dout.row(b, h, i);
-      const float* o_row = o.row(b, h, i);
-      double sum = 0.0;
-      // Zero outputs are skipped: a row whose keys are all hidden has O = 0 (also with a sink),
-      // and its dO may be anything, even NaN, without reaching D or the sink's gradient.
-      for (int64_t e = 0; e < p.value_dim; ++e) {
-        if (o_row[e] != 0.0f) sum += double{dout_row[e]} * o_row[e];
-      }
+      const RowDelta row_delta = row_delta_of(c.dout.row(b, h, i), o.row(b, h, i), p.value_dim,
+                                              c.q.row(b, h, i), p.head_dim);
       lse_rows[row] = row_lse;
-      delta[row] = row_lse == -INFINITY ? 0.0f : static_cast<float>(sum);
-      const float* q_row = c.q.row(b, h, i);
-      for (int64_t d = 0; d < p.head_dim; ++d) finite &= (q_row[d] - q_row[d]) == 0.0f;
-      for (int64_t e = 0; e < p.value_dim; ++e) finite &= (dout_row[e] - dout_row[e]) == 0.0f;
+      // A row without keys has O = 0 and no gradient, whatever its dO holds.
+      delta[row] = row_lse == -INFINITY ? 0.0f : row_delta.delta;
+      finite &= row_delta.finite;
     }
     q_finite[tile] = finite;
   }
@@ -194,7 +195,8 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
   }
 
   // ---- run ----
-  c.dq_width = (p.head_dim + 15) / 16 * 16;
+  c.dq_width = padded(p.head_dim);
+  c.dv_width = padded(p.value_dim);
   std::vector<float>& dq_partial = reused<float, Backward, 5>();
   const int64_t dq_rows = c.chunks * rows;
   dq_partial.resize(dq_rows * c.dq_width);

@@ -7,15 +7,16 @@
 //
 //     S = Q·(scale·K)ᵀ   (+ modifiers, mask)        P = exp(S − LSE)
 //     dP = dO·Vᵀ         dS = P∘(dP − D)            D_i = Σ_e dO_ie·O_ie (precomputed per row)
-//     dVᵀ += dOᵀ·P       dKᵀ += Qᵀ·dS               dQ_chunk += dS·K
+//     dV += Pᵀ·dO        dK += dSᵀ·Q                dQ_chunk += dS·K
 //
 // dK and dV of the tile belong to the item alone (no atomics); dQ gets one partial per chunk of
 // key tiles, summed in chunk order by the driver, so the result does not depend on the threads.
 //
 // Layout: a tile pair is held as S[i][j], keys across SIMD lanes (64 keys = 4 vectors on AVX-512).
 // All five products are then one shape, C[r][x] (+)= Σ_p A(r, p)·B[p][x], with A read as
-// broadcast scalars straight from its own rows (Q, dO, dS) and B a packed tile (Kᵀ, Vᵀ, P, dS,
-// K rows), register blocked 4 rows × 4 vectors like the forward's products.
+// broadcast scalars (Q, dO rows; P, dS by rows or by columns) and B whole rows (scale·Kᵀ and Vᵀ
+// packed per key tile; K, Q, dO rows read in place, padded to a multiple of 16 floats), register
+// blocked 4 rows × 4 vectors like the forward's products. dK and dV come out one row per key.
 //
 // Hidden pairs: P = 0 there (the mask writes −inf before the exp) and dS is selected to 0, so no
 // gradient flows through them. When a tile holds non-finite inputs (padding garbage), the
@@ -136,17 +137,29 @@ void ProductGuarded(bool guarded, Guard kind, const float* a, int64_t a_row, int
   }
 }
 
-// One row of K or V as f32 into `out`; returns whether every value is finite.
-bool LoadKeyRow(const TensorView& t, int64_t b, int64_t g, int64_t j, int64_t width, float* out) {
-  if (width == 0) return true;  // an empty row may sit at a null pointer
+// Row j of K or V for (b, g) as f32: a pointer into the tensor when it is f32 with contiguous
+// rows, else converted into `buffer`.
+const float* KeyRow(const TensorView& t, int64_t b, int64_t g, int64_t j, int64_t width,
+                    float* buffer) {
   const int64_t offset = t.offset({b, g, j, 0});
   if (t.dtype() == DType::f32 && t.stride(3) == 1) {
-    std::memcpy(out, static_cast<const float*>(t.data()) + offset, width * sizeof(float));
-  } else {
-    for (int64_t d = 0; d < width; ++d) out[d] = load_float(t, offset + d * t.stride(3));
+    return static_cast<const float*>(t.data()) + offset;
   }
-  bool finite = true;
-  for (int64_t d = 0; d < width; ++d) finite &= (out[d] - out[d]) == 0.0f;  // false for NaN, ±inf
+  for (int64_t d = 0; d < width; ++d) buffer[d] = load_float(t, offset + d * t.stride(3));
+  return buffer;
+}
+
+bool AllFinite(const float* values, int64_t count) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  VF bad = hn::Zero(df);  // x − x is 0 for finite x and NaN for NaN and ±inf
+  int64_t n = 0;
+  for (; n + N <= count; n += N) {
+    const VF x = hn::LoadU(df, values + n);
+    bad = hn::Or(bad, hn::Sub(x, x));
+  }
+  bool finite = hn::AllFalse(df, hn::IsNaN(bad));
+  for (; n < count; ++n) finite &= std::isfinite(values[n]);
   return finite;
 }
 
@@ -161,7 +174,8 @@ bool PackKeyTile(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, int
   std::memset(sc.v_t, 0, value_dim * T * sizeof(float));
   const bool in_place = p.k.dtype() == DType::f32 && p.k.stride(3) == 1 && dim == c.dq_width;
   if (in_place) {
-    sc.k_source = static_cast<const float*>(p.k.data()) + p.k.offset({b, g, j0, 0});
+    sc.k_source =
+        dim > 0 ? static_cast<const float*>(p.k.data()) + p.k.offset({b, g, j0, 0}) : sc.k_rows;
     sc.k_source_stride = p.k.stride(2);
   } else {
     std::memset(sc.k_rows, 0, T * c.dq_width * sizeof(float));
@@ -171,29 +185,28 @@ bool PackKeyTile(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, int
   const float scale = static_cast<float>(p.scale);
   bool finite = true;
   for (int64_t j = 0; j < rows; ++j) {
-    const float* k_row = sc.k_source + j * sc.k_source_stride;
-    if (in_place) {
-      for (int64_t d = 0; d < dim; ++d) finite &= (k_row[d] - k_row[d]) == 0.0f;
-    } else {
-      finite &= LoadKeyRow(p.k, b, g, j0 + j, dim, sc.k_rows + j * c.dq_width);
-    }
+    const float* k_row = dim == 0 ? sc.row : KeyRow(p.k, b, g, j0 + j, dim, sc.row);
+    if (!in_place) std::copy_n(k_row, dim, sc.k_rows + j * c.dq_width);
+    finite &= AllFinite(k_row, dim);
     for (int64_t d = 0; d < dim; ++d) sc.k_t[d * T + j] = scale * k_row[d];
-    finite &= LoadKeyRow(p.v, b, g, j0 + j, value_dim, sc.row);
-    for (int64_t e = 0; e < value_dim; ++e) sc.v_t[e * T + j] = sc.row[e];
+    const float* v_row = value_dim == 0 ? sc.row : KeyRow(p.v, b, g, j0 + j, value_dim, sc.row);
+    finite &= AllFinite(v_row, value_dim);
+    for (int64_t e = 0; e < value_dim; ++e) sc.v_t[e * T + j] = v_row[e];
   }
   return finite;
 }
 
-// dK_j = scale·dKᵀ[·][j] and dV_j = dVᵀ[·][j], rounded once into the outputs' dtype.
+// dK_j = scale·(Σ_i dS_ij·Q_i) and dV_j, rounded once into the outputs' dtype.
 void StoreKeyTile(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, int64_t rows,
                   BackwardScratch& sc) {
   const Problem& p = *c.problem;
   const float scale = static_cast<float>(p.scale);
   for (int64_t j = 0; j < rows; ++j) {
-    for (int64_t d = 0; d < p.head_dim; ++d) sc.row[d] = scale * sc.dk_t[d * T + j];
-    store_row(c.dk, c.dk.offset({b, g, j0 + j, 0}), c.dk.stride(3), sc.row, p.head_dim);
-    for (int64_t e = 0; e < p.value_dim; ++e) sc.row[e] = sc.dv_t[e * T + j];
-    store_row(c.dv, c.dv.offset({b, g, j0 + j, 0}), c.dv.stride(3), sc.row, p.value_dim);
+    float* dk = sc.dk + j * c.dq_width;
+    for (int64_t d = 0; d < p.head_dim; ++d) dk[d] *= scale;
+    store_row(c.dk, c.dk.offset({b, g, j0 + j, 0}), c.dk.stride(3), dk, p.head_dim);
+    store_row(c.dv, c.dv.offset({b, g, j0 + j, 0}), c.dv.stride(3), sc.dv + j * c.dv_width,
+              p.value_dim);
   }
 }
 
@@ -270,8 +283,9 @@ void ApplyMask(const uint64_t* row_bits, int64_t q_count, int64_t rows, float* H
 }
 
 // P = exp(S − LSE_i) in place; a row without keys (LSE −inf) gets P = 0. NaN (from NaN inputs or
-// a NaN LSE) stays NaN, so that it reaches the gradients as it reached the forward's output.
-void Weights(const float* lse, int64_t q_count, float* HWY_RESTRICT s) {
+// a NaN LSE) stays NaN, so that it reaches the gradients as it reached the forward's output;
+// `finite_scores` (finite Q and K) lets rows with a finite LSE skip that check.
+void Weights(const float* lse, int64_t q_count, bool finite_scores, float* HWY_RESTRICT s) {
   const DF df;
   const size_t N = hn::Lanes(df);
   for (int64_t i = 0; i < q_count; ++i) {
@@ -280,12 +294,13 @@ void Weights(const float* lse, int64_t q_count, float* HWY_RESTRICT s) {
       continue;
     }
     const VF row_lse = hn::Set(df, lse[i]);
+    const bool check_nan = !finite_scores || !std::isfinite(lse[i]);
     for (size_t j = 0; j < static_cast<size_t>(T); j += N) {
       // ≤ 0 up to rounding when LSE is this row's; capped so that a foreign LSE cannot overflow
       // the exponent bits.
       const VF x = hn::Min(hn::Sub(hn::LoadU(df, s + i * T + j), row_lse), hn::Set(df, 88.0f));
       const VF w = ExpNonPositive(df, x);
-      hn::StoreU(hn::IfThenElse(hn::IsNaN(x), x, w), df, s + i * T + j);
+      hn::StoreU(check_nan ? hn::IfThenElse(hn::IsNaN(x), x, w) : w, df, s + i * T + j);
     }
   }
 }
@@ -351,22 +366,40 @@ void TilePair(const BackwardContext& c, const BackwardItem& item, int64_t b, int
     ApplyScoreMods(c, b, h, q_first, q_count, j0, rows, row_bits, additive, sc.s, sc.cap_grad);
   }
   if (row_bits != nullptr || rows < T) ApplyMask(row_bits, q_count, rows, sc.s);
-  Weights(c.lse + row0, q_count, sc.s);
+  Weights(c.lse + row0, q_count, !guarded, sc.s);
 
   // dP = dO·Vᵀ, then dS = P∘(dP − D).
   Product<Guard::none>(dout, c.dout.stride_l, 1, p.value_dim, sc.v_t, T, T, false, sc.ds, T,
                        q_count);
   ScoreGradients(c, b, h, q_first, q_count, j0, rows, sc.s, c.delta + row0, sc.cap_grad, sc.ds);
 
-  // dVᵀ += dOᵀ·P   dKᵀ += Qᵀ·dS   dQ_chunk += dS·K
-  ProductGuarded(guarded, Guard::b, dout, 1, c.dout.stride_l, q_count, sc.s, T, T, true, sc.dv_t, T,
-                 p.value_dim);
-  ProductGuarded(guarded, Guard::b, q, 1, c.q.stride_l, q_count, sc.ds, T, T, true, sc.dk_t, T,
-                 p.head_dim);
+  // dV_j += Σ_i P_ij·dO_i   dK_j += Σ_i dS_ij·Q_i   dQ_chunk,i += Σ_j dS_ij·K_j
+  ProductGuarded(guarded, Guard::a, sc.s, 1, T, q_count, dout, c.dout.stride_l, c.dv_width, true,
+                 sc.dv, c.dv_width, rows);
+  ProductGuarded(guarded, Guard::a, sc.ds, 1, T, q_count, q, c.q.stride_l, c.dq_width, true, sc.dk,
+                 c.dq_width, rows);
   float* dq = c.dq_partial +
               (((item.chunk * p.batch + b) * p.q_heads + h) * p.q_len + q_first) * c.dq_width;
   ProductGuarded(guarded, Guard::a, sc.ds, T, 1, rows, sc.k_source, sc.k_source_stride, c.dq_width,
                  true, dq, c.dq_width, q_count);
+}
+
+RowDelta RowDeltaImpl(const float* dout, const float* o, int64_t value_dim, const float* q,
+                      int64_t head_dim) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const VF zero = hn::Zero(df);
+  VF sum = zero;
+  int64_t e = 0;
+  for (; e + N <= value_dim; e += N) {
+    const VF ov = hn::LoadU(df, o + e);
+    sum = hn::Add(sum, hn::IfThenElseZero(hn::Ne(ov, zero), hn::Mul(hn::LoadU(df, dout + e), ov)));
+  }
+  float delta = hn::GetLane(hn::SumOfLanes(df, sum));
+  for (; e < value_dim; ++e) {
+    if (o[e] != 0.0f) delta += dout[e] * o[e];
+  }
+  return {delta, AllFinite(q, head_dim) && AllFinite(dout, value_dim)};
 }
 
 void BackwardItemImpl(const BackwardContext& c, const BackwardItem& item, BackwardScratch& sc) {
@@ -378,8 +411,8 @@ void BackwardItemImpl(const BackwardContext& c, const BackwardItem& item, Backwa
       for (int64_t k_tile = item.chunk; k_tile < k_tiles; k_tile += c.chunks) {
         const int64_t j0 = k_tile * T, rows = std::min(T, p.k_len - j0);
         const bool kv_finite = PackKeyTile(c, b, g, j0, rows, sc);
-        std::memset(sc.dk_t, 0, p.head_dim * T * sizeof(float));
-        std::memset(sc.dv_t, 0, p.value_dim * T * sizeof(float));
+        std::memset(sc.dk, 0, T * c.dq_width * sizeof(float));
+        std::memset(sc.dv, 0, T * c.dv_width * sizeof(float));
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {
           for (int64_t q_tile = 0; q_tile < q_tiles; ++q_tile) {
             const TileKind kind = c.blocks->kind(b, h, q_tile, k_tile);
@@ -401,6 +434,12 @@ HWY_AFTER_NAMESPACE();
 namespace maskattn::detail::fused {
 
 HWY_EXPORT(BackwardItemImpl);
+HWY_EXPORT(RowDeltaImpl);
+
+RowDelta row_delta_of(const float* dout, const float* o, int64_t value_dim, const float* q,
+                      int64_t head_dim) {
+  return HWY_DYNAMIC_DISPATCH(RowDeltaImpl)(dout, o, value_dim, q, head_dim);
+}
 
 void backward_item(const BackwardContext& context, const BackwardItem& item,
                    BackwardScratch& scratch) {
@@ -424,18 +463,18 @@ void BackwardScratch::reserve(int64_t head_dim, int64_t value_dim) {
   if (head_dim <= head_dim_ && value_dim <= value_dim_) return;
   head_dim_ = std::max(head_dim, head_dim_);
   value_dim_ = std::max(value_dim, value_dim_);
-  const int64_t d = head_dim_, dv = value_dim_, T = kBackwardTile;
+  const int64_t d = head_dim_, e = value_dim_, T = kBackwardTile;
   const auto padded = [](int64_t floats) { return (floats + 15) / 16 * 16; };  // 64-byte pieces
-  const int64_t d_padded = padded(d);
-  const int64_t sizes[] = {d * T, T * d_padded, dv * T,
-                           T * T, T * T,        T * T,
-                           d * T, dv * T,       padded(std::max(d_padded, dv))};
+  const int64_t d_padded = padded(d), e_padded = padded(e);
+  const int64_t sizes[] = {d * T,        T * d_padded, e * T,
+                           T * T,        T * T,        T * T,
+                           T * d_padded, T * e_padded, std::max(d_padded, e_padded)};
   int64_t total = 16;
   for (int64_t size : sizes) total += padded(size);
   storage_.assign(total, 0.0f);
   float* next = storage_.data();
   next += (16 - (reinterpret_cast<uintptr_t>(next) / sizeof(float)) % 16) % 16;
-  float** pieces[] = {&k_t, &k_rows, &v_t, &s, &ds, &cap_grad, &dk_t, &dv_t, &row};
+  float** pieces[] = {&k_t, &k_rows, &v_t, &s, &ds, &cap_grad, &dk, &dv, &row};
   for (size_t n = 0; n < std::size(pieces); ++n) {
     *pieces[n] = next;
     next += padded(sizes[n]);

@@ -29,7 +29,7 @@ struct BackwardContext {
   const Problem* problem = nullptr;
   const BlockMap* blocks = nullptr;
   const TileMaskBuilder* tile_masks = nullptr;
-  F32Rows q, dout;
+  F32Rows q, dout;  // rows readable to dq_width and dv_width floats (zero-padded copies if needed)
   const float* lse = nullptr;    // [B, Hq, Lq] contiguous copy of the forward's LSE
   const float* delta = nullptr;  // [B, Hq, Lq] D_i = Σ_e dO_ie·O_ie (0 for rows without keys)
   // [B, Hq, q_tiles]: 1 when the tile's Q and dO rows are all finite, so that 0·x = 0 and the
@@ -38,6 +38,7 @@ struct BackwardContext {
   bool score_mods = false;  // softcap, ALiBi, bias, threshold or additive masks present
   int64_t chunks = 1;       // key tiles are dealt round-robin to this many chunks
   int64_t dq_width = 0;     // D rounded up to a multiple of 16: row width of dq_partial
+  int64_t dv_width = 0;     // Dv rounded up likewise
   // [chunks][B][Hq][Lq][dq_width]: each chunk's unscaled Σ_j dS_ij·K_j, summed in chunk order.
   float* dq_partial = nullptr;
   float* dbias = nullptr;  // the bias's shape, row-major, f32: Σ dS over its broadcast axes
@@ -63,8 +64,8 @@ struct BackwardScratch {
   float* s = nullptr;         // [64][64] scores, then P
   float* ds = nullptr;        // [64][64] dP, then dS
   float* cap_grad = nullptr;  // [64][64] 1 − tanh²(s/cap) with softcap
-  float* dk_t = nullptr;      // [D][64]  Σ dSᵀ·Q of the key tile
-  float* dv_t = nullptr;      // [Dv][64] Σ Pᵀ·dO
+  float* dk = nullptr;        // [64][dq_width] Σ_i dS_ij·Q_i of the key tile, one row per key
+  float* dv = nullptr;        // [64][dv_width] Σ_i P_ij·dO_i
   float* row = nullptr;       // [max(D, Dv)]
   uint64_t* bits = nullptr;   // [64 + 64] a partial tile's mask, per key then per query
 
@@ -76,6 +77,16 @@ struct BackwardScratch {
 
 void backward_item(const BackwardContext& context, const BackwardItem& item,
                    BackwardScratch& scratch);
+
+// D_i = Σ_e dO_ie·O_ie over the nonzero O_ie (a row whose keys are all hidden has O = 0, also
+// with a sink, and its dO may be anything, even NaN, without reaching D or the sink's gradient),
+// and whether the row's Q and dO are all finite.
+struct RowDelta {
+  float delta;
+  bool finite;
+};
+RowDelta row_delta_of(const float* dout, const float* o, int64_t value_dim, const float* q,
+                      int64_t head_dim);
 
 // out[r] bit c = in[c] bit r, for a 64 × 64 bit matrix (rows of a partial tile's mask).
 void transpose_bits(uint64_t* bits);

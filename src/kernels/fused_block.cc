@@ -111,13 +111,17 @@ const float* TileRows(const TensorView& t, int64_t b, int64_t g, int64_t j0, int
   return buffer;
 }
 
-// Rows [first, first + count) of the [B·H·L] rows of t, as f32 rows of width W.
-void ConvertRowsToF32(const TensorView& t, int64_t first, int64_t count, float* out) {
+// Rows [first, first + count) of the [B·H·L] rows of t, as f32 rows of width W, `out_stride`
+// apart (≥ W; the gap is zero-filled).
+void ConvertRowsToF32(const TensorView& t, int64_t first, int64_t count, float* out,
+                      int64_t out_stride) {
   const int64_t width = t.size(3);
   for (int64_t row = first; row < first + count; ++row) {
     const int64_t l = row % t.size(2), h = (row / t.size(2)) % t.size(1);
     const int64_t b = row / (t.size(2) * t.size(1));
-    LoadRow(t, t.offset({b, h, l, 0}), t.stride(3), width, out + row * width);
+    float* out_row = out + row * out_stride;
+    LoadRow(t, t.offset({b, h, l, 0}), t.stride(3), width, out_row);
+    std::fill(out_row + width, out_row + out_stride, 0.0f);
   }
 }
 
@@ -758,14 +762,16 @@ HWY_EXPORT(ConvertRowsToF32);
 
 // The OpenMP loops live here, outside the per-target code: clang 14 crashes compiling OpenMP
 // regions inside Highway's target-attributed namespaces (seen building the fuzzers).
-void convert_to_f32(const TensorView& t, float* out, int threads) {
+void convert_to_f32(const TensorView& t, float* out, int threads, int64_t out_stride) {
+  if (out_stride < 0) out_stride = t.size(3);
   const int64_t rows = t.size(0) * t.size(1) * t.size(2);
   constexpr int64_t kRowsPerTask = 64;
   const int64_t tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads())
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t first = task * kRowsPerTask;
-    HWY_DYNAMIC_DISPATCH(ConvertRowsToF32)(t, first, std::min(kRowsPerTask, rows - first), out);
+    HWY_DYNAMIC_DISPATCH(ConvertRowsToF32)
+    (t, first, std::min(kRowsPerTask, rows - first), out, out_stride);
   }
 }
 HWY_EXPORT(StoreRow);

@@ -70,9 +70,10 @@ struct Block {
   bool with_sink = true;  // false for a key chunk whose partial result is merged later
 };
 
-// All rows of a [B, H, L, W] view (any dtype, any strides) as contiguous f32 in `out`, on
-// `threads` threads (0 = all).
-void convert_to_f32(const TensorView& t, float* out, int threads);
+// All rows of a [B, H, L, W] view (any dtype, any strides) as f32 rows in `out`, `out_stride`
+// floats apart (default W; a larger stride zero-fills each row's tail), on `threads` threads
+// (0 = all).
+void convert_to_f32(const TensorView& t, float* out, int threads, int64_t out_stride = -1);
 
 // Per (b, kv head, key tile) of V: 1 when every value in the tile is finite. `flags` holds
 // B·Hkv·⌈Lk/kTileK⌉ entries.
