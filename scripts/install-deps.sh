@@ -10,6 +10,7 @@ packages=(
   libhwy-dev                      # Highway: SIMD with runtime dispatch (fused kernels)
   libcli11-dev                    # CLI11: the command line
   libfmt-dev                      # fmt: terminal output
+  libstb-dev                      # stb: PNG heatmaps and their label font
   clang-format                    # style check in the test command
   clang-14 libclang-rt-14-dev     # libFuzzer and sanitizers for the fuzz targets (scripts/fuzz.sh)
   libomp-14-dev                   # OpenMP for the clang build of the fuzz targets

@@ -67,8 +67,12 @@ TEST(CliMask, WideGridsGetATensRow) {
 }
 
 TEST(CliDemo, EverySequenceMatchesItsUnpaddedRun) {
-  const test::CliResult result = run_cli("demo");
+  test::TempDir dir;
+  const test::CliResult result = run_cli("demo --heatmaps " + dir.path("maps"));
   ASSERT_EQ(result.exit_code, 0) << result.err;
+  for (const char* file : {"mask-sequence-1.svg", "weights-sequence-1.png", "weights-batch.png"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir.path("maps/") + file)) << file;
+  }
   size_t equal = 0;
   for (size_t at = 0; (at = result.out.find("(bitwise equal)", at)) != std::string::npos; ++at) {
     ++equal;

@@ -746,6 +746,32 @@ TEST(Errors, E85_NegativeMemoryLimit) {
                         "set_memory_limit: -5 bytes must be ≥ 0 (0 = default)");
 }
 
+TEST(Errors, E86_HeatmapFile) {
+  HeatmapPanel panel;
+  panel.rows = 1;
+  panel.cols = 1;
+  panel.allowed = {1};
+  test::TempDir dir;
+  EXPECT_MASKATTN_ERROR(write_heatmap(dir.path("h.jpg"), {panel}),
+                        "heatmap file '" + dir.path("h.jpg") + "' must end in .png or .svg");
+  EXPECT_MASKATTN_ERROR(write_heatmap(dir.path("h.png"), {}), "heatmap: no panels to draw");
+  expect_cli_error("mask causal --lq 2 --lk 2 --png /nonexistent/dir/m.png",
+                   "cannot write heatmap '/nonexistent/dir/m.png'");
+}
+
+TEST(Errors, E87_TokensDoNotMatchTheKeys) {
+  CliFiles files;
+  {
+    std::ofstream tokens(files.dir.path("t.txt"));
+    tokens << "I love dog\n";
+  }
+  expect_cli_error("mask causal --lq 3 --lk 5 --svg " + files.dir.path("m.svg") + " --tokens " +
+                       files.dir.path("t.txt"),
+                   "--tokens " + files.dir.path("t.txt") +
+                       " has 3 tokens but there are Lk=5 keys (one token per key)",
+                   files.dir.path("m.svg"));
+}
+
 // ---- the document and the tests agree ------------------------------------------------------
 
 TEST(Errors, CatalogueEntriesAllHaveTests) {

@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "commands.h"
+#include "heatmap_files.h"
 #include "maskattn/attention.h"
 #include "maskattn/error.h"
+#include "maskattn/heatmap.h"
 #include "maskattn/mask_spec.h"
 #include "npy_tensors.h"
 
@@ -88,6 +90,17 @@ int run_attend(const AttendArgs& args) {
   const std::vector<float> out_values = out.to_floats();
   files.add("--out", args.out, result_array(out_values, file_layout(q, out_shape), q, dtype));
   if (lse) files.add("--lse", args.lse, NpyArray::from_floats(lse->to_floats(), lse->shape()));
+  if (!args.heatmap.empty()) {
+    // Panels of the weights, one per (b, h), at most 16; hidden pairs hatched.
+    const MaskShape shape = {q.shape[0], q.shape[1], q.shape[2], k.shape[2]};
+    TensorBuffer weights(DType::f32, {q.shape[0], q.shape[1], q.shape[2], k.shape[2]});
+    attention_weights(q_buffer.view(), k_buffer.view(), weights.mutable_view(), mask, mods,
+                      options);
+    const HeatmapLabels labels =
+        token_labels(args.tokens, q.shape[2], k.shape[2], mask.alignment() == Alignment::top_left);
+    write_heatmap(args.heatmap, heatmap_panels(allowed_pairs(mask, shape), weights.to_floats()),
+                  labels);
+  }
   if (!args.weights.empty()) {
     TensorBuffer weights(DType::f32, {q.shape[0], q.shape[1], q.shape[2], k.shape[2]});
     attention_weights(q_buffer.view(), k_buffer.view(), weights.mutable_view(), mask, mods,

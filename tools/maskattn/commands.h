@@ -17,7 +17,9 @@ struct AttendArgs {
   std::string dtype;         // "" = the files' dtype
   int threads = 0;
   std::string kernel = "auto";
-  int repeat = 0;  // > 0: one warm-up, then `repeat` timed runs, timing printed on stderr
+  int repeat = 0;       // > 0: one warm-up, then `repeat` timed runs, timing printed on stderr
+  std::string heatmap;  // FILE.png|svg: the weights, one panel per (b, h); empty = none
+  std::string tokens;   // labels for the heatmap's rows and columns
 };
 int run_attend(const AttendArgs& args);
 
@@ -52,9 +54,12 @@ struct MaskArgs {
   std::vector<std::string> specs;
   int64_t q_len = 0, k_len = 0;
   int64_t batch = 0, head = 0;
+  std::string png, svg;  // heatmaps of every head of --batch
+  std::string tokens;    // labels for their rows and columns
 };
 int run_mask(const MaskArgs& args);
 
-int run_demo();
+// Writes its heatmaps into `heatmap_directory` (created if needed; empty = none).
+int run_demo(const std::string& heatmap_directory);
 
 }  // namespace maskattn::cli

@@ -1,9 +1,11 @@
 // maskattn demo: the newcomer's tour. Part 1 is the worked example; part 2 builds a padded batch
 // of three sentences with <bos>/<eos>/<pad>, shows the padding, causal and combined masks, and
-// checks that every sequence's output in the batch equals the output computed for it alone.
+// checks that every sequence's output in the batch equals the output computed for it alone; part 3
+// writes the mask and the weights as heatmaps.
 #include <fmt/core.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <string>
@@ -11,6 +13,7 @@
 
 #include "commands.h"
 #include "maskattn/attention.h"
+#include "maskattn/heatmap.h"
 #include "print.h"
 
 namespace maskattn::cli {
@@ -84,9 +87,37 @@ void show_grid(const std::string& title, const Mask& mask, const Batch& batch, i
   fmt::print("\n");
 }
 
+// Part 3: the combined mask and the weights as heatmap files in `directory`.
+void write_demo_heatmaps(const std::string& directory, const Batch& batch, const Mask& combined,
+                         const std::vector<float>& x) {
+  std::filesystem::create_directories(directory);
+  const int64_t batch_size = static_cast<int64_t>(batch.tokens.size()), length = batch.length;
+  const MaskShape shape = {batch_size, 1, length, length};
+  const TensorView x_view(x.data(), {batch_size, 1, length, kDim});
+  std::vector<float> weights(batch_size * length * length);
+  attention_weights(x_view, x_view,
+                    MutableTensorView(weights.data(), {batch_size, 1, length, length}), combined);
+  const std::vector<HeatmapPanel> panels = heatmap_panels(allowed_pairs(combined, shape), weights);
+  fmt::print("\n=== Part 3: heatmaps ===\n\n");
+  const auto write = [&](const std::string& name, const std::vector<HeatmapPanel>& chosen,
+                         const HeatmapLabels& labels, const std::string& what) {
+    const std::string path = directory + "/" + name;
+    write_heatmap(path, chosen, labels);
+    fmt::print("  {:<36} {}\n", path, what);
+  };
+  const std::vector<std::string> tokens = padded_tokens(batch, 1);
+  HeatmapPanel mask_only = panels[1];
+  mask_only.weights.clear();
+  write("mask-sequence-1.svg", {mask_only}, {tokens, tokens},
+        "the combined mask of sequence 1, token labels (SVG)");
+  write("weights-sequence-1.png", {panels[1]}, {tokens, tokens},
+        "its attention weights; hidden pairs hatched grey");
+  write("weights-batch.png", panels, {}, "the weights of all three sequences, one panel each");
+}
+
 }  // namespace
 
-int run_demo() {
+int run_demo(const std::string& heatmap_directory) {
   fmt::print("=== Part 1: the worked example ===\n\n");
   run_example();
 
@@ -166,6 +197,7 @@ int run_demo() {
       fmt::format("Output of sequence {} in the batch (rows {}-{} are <pad> queries: zero)", last,
                   last_real, length - 1),
       std::vector<double>(batched.begin() + last * length * kDim, batched.end()), length, kDim);
+  if (!heatmap_directory.empty()) write_demo_heatmaps(heatmap_directory, batch, combined, x);
   fmt::print("\n{}\n", all_equal ? "Padding changed nothing: every sequence's real tokens get "
                                    "exactly the output they get alone."
                                  : "MISMATCH: padding changed a real token's output.");

@@ -60,6 +60,11 @@ int main(int argc, char** argv) {
                    "time the computation: 1 warm-up, then R runs; prints 'time_ms median=X min=Y "
                    "max=Z' on stderr")
       ->check(CLI::Range(1, 1000000));
+  attend_cmd->add_option("--heatmap", attend.heatmap,
+                         "also draw the weights, one panel per (batch, head): FILE.png or "
+                         "FILE.svg (hidden pairs hatched grey)");
+  attend_cmd->add_option("--tokens", attend.tokens,
+                         "heatmap labels: a text file of whitespace-separated tokens, one per key");
   attend_cmd->footer(maskattn::mask_spec_help());
 
   GradArgs grad;
@@ -120,9 +125,17 @@ int main(int argc, char** argv) {
   mask_cmd->add_option("--lk", mask_args.k_len, "number of keys")->required();
   mask_cmd->add_option("--batch", mask_args.batch, "which sequence of the batch (default 0)");
   mask_cmd->add_option("--head", mask_args.head, "which query head (default 0)");
+  mask_cmd->add_option("--png", mask_args.png, "also draw every head of --batch as a PNG heatmap");
+  mask_cmd->add_option("--svg", mask_args.svg, "also draw every head of --batch as an SVG heatmap");
+  mask_cmd->add_option("--tokens", mask_args.tokens,
+                       "heatmap labels: a text file of whitespace-separated tokens, one per key");
   mask_cmd->footer(maskattn::mask_spec_help());
 
-  app.add_subcommand("demo", "the tour: worked example, padded batch, masks as grids");
+  std::string demo_heatmaps = "maskattn-demo";
+  CLI::App* demo_cmd = app.add_subcommand(
+      "demo", "the tour: worked example, padded batch, masks as grids, heatmap files");
+  demo_cmd->add_option("--heatmaps", demo_heatmaps,
+                       "directory for the heatmap files (default maskattn-demo; '' = none)");
 
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
@@ -152,7 +165,7 @@ int main(int argc, char** argv) {
     if (check_cmd->parsed()) return run_gradcheck(check);
     if (app.got_subcommand("example")) return run_example();
     if (mask_cmd->parsed()) return run_mask(mask_args);
-    if (app.got_subcommand("demo")) return run_demo();
+    if (demo_cmd->parsed()) return run_demo(demo_heatmaps);
   } catch (const maskattn::Error& error) {
     return fail(error.what(), 1);
   } catch (const std::bad_alloc&) {

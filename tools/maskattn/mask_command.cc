@@ -1,13 +1,15 @@
-// maskattn mask SPEC... --lq N --lk M [--batch b] [--head h]: the allowed/hidden grid of one
-// (batch, head) in the terminal.
+// maskattn mask SPEC... --lq N --lk M [--batch b] [--head h] [--png F] [--svg F] [--tokens F]:
+// the allowed/hidden grid of one (batch, head) in the terminal, and heatmaps of every head.
 #include <fmt/core.h>
 
 #include <algorithm>
 #include <variant>
 
 #include "commands.h"
+#include "heatmap_files.h"
 #include "maskattn/attention.h"
 #include "maskattn/error.h"
+#include "maskattn/heatmap.h"
 #include "maskattn/mask_spec.h"
 #include "print.h"
 
@@ -97,6 +99,29 @@ int run_mask(const MaskArgs& args) {
       "█ allowed   · hidden   rows: queries i, columns: keys j, right: allowed keys per "
       "row\n\n");
   print_grid(slice.values(), args.q_len, args.k_len);
+  if (!args.png.empty() || !args.svg.empty()) {
+    // Every head of the selected batch entry, one panel each (at most 16).
+    std::vector<HeatmapPanel> panels;
+    for (int64_t h = 0; h < std::min<int64_t>(shape.q_heads, 16); ++h) {
+      HeatmapPanel panel;
+      panel.title = "b=" + std::to_string(args.batch) + " h=" + std::to_string(h);
+      panel.rows = args.q_len;
+      panel.cols = args.k_len;
+      panel.allowed = allowed_pairs(mask, shape, args.batch, h).values();
+      panels.push_back(std::move(panel));
+    }
+    const HeatmapLabels labels =
+        token_labels(args.tokens, args.q_len, args.k_len, mask.alignment() == Alignment::top_left);
+    if (args.q_len == 0 || args.k_len == 0) {
+      throw Error("--png/--svg: nothing to draw for Lq=" + std::to_string(args.q_len) +
+                  ", Lk=" + std::to_string(args.k_len));
+    }
+    for (const std::string& path : {args.png, args.svg}) {
+      if (path.empty()) continue;
+      write_heatmap(path, panels, labels);
+      fmt::print("wrote {}\n", path);
+    }
+  }
   return 0;
 }
 
