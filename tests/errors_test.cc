@@ -772,6 +772,21 @@ TEST(Errors, E87_TokensDoNotMatchTheKeys) {
                    files.dir.path("m.svg"));
 }
 
+TEST(Errors, E88_AuditSizes) {
+  AuditOptions options;
+  options.q_len = 4;
+  options.k_len = 0;
+  EXPECT_MASKATTN_ERROR(audit_mask(Mask(), {}, nullptr, options),
+                        "audit: k_len = 0 must be in [1, 4096]");
+  options.k_len = 4096;
+  options.q_len = 4096;
+  options.batch = 2;
+  EXPECT_MASKATTN_ERROR(audit_mask(Mask(), {}, nullptr, options),
+                        "audit: 33554432 pairs (B·Hq·Lq·Lk), each key needing one attention call, "
+                        "is too many");
+  expect_cli_error("audit --mask causal --lq 3", "--lk is required", "", 2);
+}
+
 // ---- the document and the tests agree ------------------------------------------------------
 
 TEST(Errors, CatalogueEntriesAllHaveTests) {

@@ -3,6 +3,7 @@
 
 #include "maskattn/array.h"
 #include "maskattn/attention.h"
+#include "maskattn/audit.h"
 #include "maskattn/dtype.h"
 #include "maskattn/error.h"
 #include "maskattn/gradcheck.h"

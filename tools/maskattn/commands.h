@@ -48,6 +48,16 @@ struct GradcheckArgs {
 };
 int run_gradcheck(const GradcheckArgs& args);
 
+// maskattn audit: the leakage audit; exit 1 on any leak, blind spot or kernel leak.
+struct AuditArgs {
+  std::vector<std::string> masks, expect;
+  int64_t q_len = 0, k_len = 0, batch = 1, heads = 1, kv_heads = 0, dim = 8;
+  std::string dtype = "f32";
+  std::string kernel = "auto";
+  uint64_t seed = 1;
+};
+int run_audit(const AuditArgs& args);
+
 int run_example();
 
 struct MaskArgs {

@@ -26,6 +26,19 @@ int fail(const std::string& message, int code) {
   return code;
 }
 
+// The options of the commands that make their own random inputs (gradcheck, audit).
+template <typename Args>
+void add_random_input_options(CLI::App* command, Args& args, const std::string& default_heads) {
+  command->add_option("--batch", args.batch, "batch (default 1)");
+  command->add_option("--heads", args.heads, "query heads (default " + default_heads + ")");
+  command->add_option("--kv-heads", args.kv_heads, "kv heads (default: --heads)");
+  command->add_option("--dtype", args.dtype, "f32|f16|bf16 (default f32)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  command->add_option("--kernel", args.kernel, "auto|reference|fused")
+      ->check(CLI::IsMember({"auto", "reference", "fused"}));
+  command->add_option("--seed", args.seed, "random inputs' seed (default 1)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -99,17 +112,10 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--lk", check.k_len, "keys (default 8)");
   check_cmd->add_option("--d", check.dim, "query/key head dim (default 4)");
   check_cmd->add_option("--dv", check.value_dim, "value head dim (default 4)");
-  check_cmd->add_option("--batch", check.batch, "batch (default 1)");
-  check_cmd->add_option("--heads", check.heads, "query heads (default 2)");
-  check_cmd->add_option("--kv-heads", check.kv_heads, "kv heads (default: --heads)");
+  add_random_input_options(check_cmd, check, "2");
   check_cmd->add_option("--scale", check.scale, "score scale (default 1/sqrt(D))");
-  check_cmd->add_option("--dtype", check.dtype, "f32|f16|bf16 (default f32)")
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
-  check_cmd->add_option("--kernel", check.kernel, "auto|reference|fused")
-      ->check(CLI::IsMember({"auto", "reference", "fused"}));
   check_cmd->add_option("--threads", check.threads, "threads (default: all cores)")
       ->check(CLI::Range(1, 1024));
-  check_cmd->add_option("--seed", check.seed, "random inputs' seed (default 1)");
   check_cmd->add_option("--step", check.step, "finite-difference step (default 1e-3)");
   check_cmd->add_option("--tolerance", check.tolerance,
                         "max relative error (default f32 1e-4, f16 1e-2, bf16 5e-2)");
@@ -131,6 +137,21 @@ int main(int argc, char** argv) {
                        "heatmap labels: a text file of whitespace-separated tokens, one per key");
   mask_cmd->footer(maskattn::mask_spec_help());
 
+  AuditArgs audit;
+  CLI::App* audit_cmd = app.add_subcommand(
+      "audit", "leakage audit: perturb every key and value, compare what changes with the mask");
+  audit_cmd->add_option("--mask", audit.masks, "the mask under test (SPECs as in attend)")
+      ->take_all()
+      ->allow_extra_args(false);
+  audit_cmd->add_option("--expect", audit.expect, "the mask you meant (SPECs); optional")
+      ->take_all()
+      ->allow_extra_args(false);
+  audit_cmd->add_option("--lq", audit.q_len, "queries")->required();
+  audit_cmd->add_option("--lk", audit.k_len, "keys")->required();
+  audit_cmd->add_option("--d", audit.dim, "head dim of the random inputs (default 8)");
+  add_random_input_options(audit_cmd, audit, "1");
+  audit_cmd->footer(maskattn::mask_spec_help());
+
   std::string demo_heatmaps = "maskattn-demo";
   CLI::App* demo_cmd = app.add_subcommand(
       "demo", "the tour: worked example, padded batch, masks as grids, heatmap files");
@@ -141,10 +162,10 @@ int main(int argc, char** argv) {
     bool known = false;
     for (const CLI::App* command : app.get_subcommands({})) known |= command->get_name() == argv[1];
     if (!known) {
-      return fail(
-          std::string("unknown command '") + argv[1] +
-              "' (commands: attend, grad, gradcheck, example, mask, demo; see maskattn --help)",
-          2);
+      return fail(std::string("unknown command '") + argv[1] +
+                      "' (commands: attend, grad, gradcheck, audit, example, mask, demo; see "
+                      "maskattn --help)",
+                  2);
     }
   }
   try {
@@ -162,6 +183,7 @@ int main(int argc, char** argv) {
   try {
     if (attend_cmd->parsed()) return run_attend(attend);
     if (grad_cmd->parsed()) return run_grad(grad);
+    if (audit_cmd->parsed()) return run_audit(audit);
     if (check_cmd->parsed()) return run_gradcheck(check);
     if (app.got_subcommand("example")) return run_example();
     if (mask_cmd->parsed()) return run_mask(mask_args);

@@ -1,0 +1,162 @@
+// The leakage audit: influence of each key on each output, measured on the real kernel by
+// perturbation, compared with the mask and with the mask the user expected.
+#include "maskattn/audit.h"
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "maskattn/dtype.h"
+#include "maskattn/error.h"
+#include "maskattn/memory.h"
+
+namespace maskattn {
+
+namespace {
+
+// A tensor in one dtype, stored as 16-bit words (f32 takes two).
+struct Buffer {
+  DType dtype;
+  Dims shape;
+  std::vector<uint16_t> words;
+  Buffer(DType type, Dims dims) : dtype(type), shape(std::move(dims)) {
+    words.assign(
+        static_cast<size_t>(checked_numel(shape, "audit tensor")) * (dtype == DType::f32 ? 2 : 1),
+        0);
+  }
+  void set(int64_t n, float x) {
+    if (dtype == DType::f32) {
+      std::memcpy(words.data() + 2 * n, &x, 4);
+    } else if (dtype == DType::f16) {
+      words[n] = float16_from_float(x).bits;
+    } else {
+      words[n] = bfloat16_from_float(x).bits;
+    }
+  }
+  float get(int64_t n) const {
+    if (dtype == DType::f32) {
+      float x;
+      std::memcpy(&x, words.data() + 2 * n, 4);
+      return x;
+    }
+    return dtype == DType::f16 ? to_float(float16{words[n]}) : to_float(bfloat16{words[n]});
+  }
+  TensorView view() const { return TensorView(words.data(), dtype, shape); }
+  MutableTensorView mutable_view() { return MutableTensorView(words.data(), dtype, shape); }
+};
+
+}  // namespace
+
+AuditReport audit_mask(const Mask& mask, const ScoreMods& mods, const Mask* expected,
+                       const AuditOptions& o) {
+  const int64_t kv_heads = o.kv_heads > 0 ? o.kv_heads : o.q_heads;
+  const std::pair<int64_t, const char*> sizes[] = {
+      {o.batch, "batch"}, {o.q_heads, "q_heads"}, {kv_heads, "kv_heads"},
+      {o.q_len, "q_len"}, {o.k_len, "k_len"},     {o.head_dim, "head_dim"}};
+  for (const auto& [value, name] : sizes) {
+    if (value < 1 || value > 4096) {
+      throw Error(std::string("audit: ") + name + " = " + std::to_string(value) +
+                  " must be in [1, 4096]");
+    }
+  }
+  const double pairs = static_cast<double>(o.batch) * o.q_heads * o.q_len * o.k_len;
+  if (pairs > double(1 << 24)) {
+    throw Error("audit: " + std::to_string(static_cast<int64_t>(pairs)) +
+                " pairs (B·Hq·Lq·Lk), each key needing one attention call, is too many; keep it "
+                "at most 16777216");
+  }
+  require_memory(
+      3.0 * pairs + 16.0 * o.batch * (o.q_heads * o.q_len + kv_heads * o.k_len) * o.head_dim,
+      "audit");
+
+  AuditReport report;
+  report.shape = {o.batch, o.q_heads, o.q_len, o.k_len};
+  report.allowed = allowed_pairs(mask, report.shape);
+  if (expected != nullptr) {
+    report.has_expected = true;
+    report.expected = allowed_pairs(*expected, report.shape);
+  }
+
+  // Random inputs: scores of moderate size, so that no allowed weight underflows.
+  std::mt19937_64 random(o.seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  Buffer q(o.dtype, {o.batch, o.q_heads, o.q_len, o.head_dim});
+  Buffer k(o.dtype, {o.batch, kv_heads, o.k_len, o.head_dim});
+  Buffer v(o.dtype, {o.batch, kv_heads, o.k_len, o.head_dim});
+  for (Buffer* t : {&q, &k, &v}) {
+    for (int64_t n = 0; n < static_cast<int64_t>(t->words.size()) / (o.dtype == DType::f32 ? 2 : 1);
+         ++n) {
+      t->set(n, uniform(random));
+    }
+  }
+  Options options;
+  options.kernel = o.kernel;
+  const Dims out_shape = {o.batch, o.q_heads, o.q_len, o.head_dim};
+  Buffer baseline(o.dtype, out_shape), perturbed(o.dtype, out_shape);
+  attention(q.view(), k.view(), v.view(), baseline.mutable_view(), mask, mods, options);
+
+  std::vector<uint8_t> influence(static_cast<size_t>(pairs), 0);
+  for (int64_t j = 0; j < o.k_len; ++j) {
+    // Move key j and value j of every (b, g) by a visible amount, then put them back.
+    std::vector<float> saved;
+    for (int64_t b = 0; b < o.batch; ++b) {
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        const int64_t row = ((b * kv_heads + g) * o.k_len + j) * o.head_dim;
+        for (int64_t d = 0; d < o.head_dim; ++d) {
+          saved.push_back(k.get(row + d));
+          saved.push_back(v.get(row + d));
+          k.set(row + d, k.get(row + d) + 0.5f);
+          v.set(row + d, v.get(row + d) + 1.0f);
+        }
+      }
+    }
+    attention(q.view(), k.view(), v.view(), perturbed.mutable_view(), mask, mods, options);
+    size_t next = 0;
+    for (int64_t b = 0; b < o.batch; ++b) {
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        const int64_t row = ((b * kv_heads + g) * o.k_len + j) * o.head_dim;
+        for (int64_t d = 0; d < o.head_dim; ++d) {
+          k.set(row + d, saved[next++]);
+          v.set(row + d, saved[next++]);
+        }
+      }
+    }
+    // An output row changed iff its bits changed.
+    const size_t words = o.dtype == DType::f32 ? 2 : 1;
+    for (int64_t row = 0; row < o.batch * o.q_heads * o.q_len; ++row) {
+      const size_t first = words * static_cast<size_t>(row * o.head_dim);
+      const bool changed =
+          std::memcmp(baseline.words.data() + first, perturbed.words.data() + first,
+                      2 * words * static_cast<size_t>(o.head_dim)) != 0;
+      influence[static_cast<size_t>(row * o.k_len + j)] = changed;
+    }
+  }
+  report.influence = Array<uint8_t>({o.batch, o.q_heads, o.q_len, o.k_len}, influence);
+
+  const std::vector<uint8_t>& allowed = report.allowed.values();
+  for (int64_t b = 0; b < o.batch; ++b) {
+    for (int64_t h = 0; h < o.q_heads; ++h) {
+      for (int64_t i = 0; i < o.q_len; ++i) {
+        bool sees_any = false;
+        for (int64_t j = 0; j < o.k_len; ++j) {
+          const size_t n = static_cast<size_t>(((b * o.q_heads + h) * o.q_len + i) * o.k_len + j);
+          const AuditPair pair{b, h, i, j};
+          sees_any |= allowed[n] != 0;
+          (allowed[n] ? report.allowed_count : report.hidden_count) += 1;
+          if (!allowed[n] && influence[n]) report.kernel_leaks.push_back(pair);
+          if (allowed[n] && !influence[n]) report.silent_pairs.push_back(pair);
+          if (report.has_expected) {
+            const bool want = report.expected.values()[n] != 0;
+            if (allowed[n] && !want) report.leaks.push_back(pair);
+            if (!allowed[n] && want) report.blind_spots.push_back(pair);
+          }
+        }
+        if (!sees_any) report.empty_rows.push_back({b, h, i, 0});
+      }
+    }
+  }
+  return report;
+}
+
+}  // namespace maskattn

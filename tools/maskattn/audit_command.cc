@@ -1,0 +1,120 @@
+// maskattn audit: the leakage audit (include/maskattn/audit.h) from the command line. Exit 0 when
+// the mask hides exactly what --expect hides and the kernel honours it; 1 otherwise.
+#include <fmt/core.h>
+
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "maskattn/audit.h"
+#include "maskattn/error.h"
+#include "maskattn/mask_spec.h"
+
+namespace maskattn::cli {
+
+namespace {
+
+std::string pair_text(const AuditPair& p, bool with_key = true) {
+  std::string text = fmt::format("b={} h={} query {}", p.b, p.h, p.i);
+  if (with_key) text += fmt::format(" → key {}", p.j);
+  return text;
+}
+
+void print_findings(const std::string& title, const std::vector<AuditPair>& pairs,
+                    bool with_key = true) {
+  fmt::print("{:<52} {}", title + ":", pairs.size());
+  for (size_t n = 0; n < std::min<size_t>(pairs.size(), 3); ++n) {
+    fmt::print("{}{}", n == 0 ? "   e.g. " : "; ", pair_text(pairs[n], with_key));
+  }
+  fmt::print("{}\n", pairs.size() > 3 ? "; …" : "");
+}
+
+// One (b, h) as a grid: █ allowed (as expected), · hidden (as expected), L leak, B blind spot,
+// ! kernel leak.
+void print_audit_grid(const AuditReport& r, int64_t b, int64_t h) {
+  const int64_t Lq = r.shape.q_len, Lk = r.shape.k_len, H = r.shape.q_heads;
+  fmt::print(
+      "\nb={} h={}: █ allowed   · hidden   L leak (allowed, expected hidden)   B blind spot "
+      "(hidden, expected allowed)   ! hidden but influenced (kernel)\n",
+      b, h);
+  for (int64_t i = 0; i < Lq; ++i) {
+    std::string line = fmt::format("{:>5} ", i);
+    for (int64_t j = 0; j < Lk; ++j) {
+      const size_t n = static_cast<size_t>(((b * H + h) * Lq + i) * Lk + j);
+      const bool allowed = r.allowed.values()[n] != 0;
+      const bool expected = r.has_expected ? r.expected.values()[n] != 0 : allowed;
+      if (!allowed && r.influence.values()[n]) {
+        line += "!";
+      } else if (allowed && !expected) {
+        line += "L";
+      } else if (!allowed && expected) {
+        line += "B";
+      } else {
+        line += allowed ? "█" : "·";
+      }
+    }
+    fmt::print("{}\n", line);
+  }
+}
+
+}  // namespace
+
+int run_audit(const AuditArgs& args) {
+  Mask mask, expected;
+  ScoreMods mods, expected_mods;
+  for (const std::string& spec : args.masks) apply_mask_spec(spec, mask, mods, spec);
+  for (const std::string& spec : args.expect) {
+    apply_mask_spec(spec, expected, expected_mods, spec);
+  }
+  AuditOptions options;
+  options.batch = args.batch;
+  options.q_heads = args.heads;
+  options.kv_heads = args.kv_heads;
+  options.q_len = args.q_len;
+  options.k_len = args.k_len;
+  options.head_dim = args.dim;
+  options.dtype = args.dtype == "f16"    ? DType::f16
+                  : args.dtype == "bf16" ? DType::bf16
+                                         : DType::f32;
+  options.kernel = args.kernel == "reference" ? Kernel::reference
+                   : args.kernel == "fused"   ? Kernel::fused
+                                              : Kernel::automatic;
+  options.seed = args.seed;
+  const AuditReport r = audit_mask(mask, mods, args.expect.empty() ? nullptr : &expected, options);
+
+  fmt::print("audit: mask {}; expected {}\n", mask.describe(),
+             args.expect.empty() ? "(not given: only the kernel is checked)" : expected.describe());
+  fmt::print("B={} Hq={} Lq={} Lk={} D={}, kernel {}, {}, seed {}: {} allowed pairs, {} hidden\n",
+             r.shape.batch, r.shape.q_heads, r.shape.q_len, r.shape.k_len, args.dim, args.kernel,
+             args.dtype, args.seed, r.allowed_count, r.hidden_count);
+  fmt::print("Each key and value was perturbed in turn and the outputs it changed recorded.\n\n");
+  print_findings("kernel leaks (hidden pairs that changed an output)", r.kernel_leaks);
+  if (r.has_expected) {
+    print_findings("leaks (allowed, but expected hidden)", r.leaks);
+    print_findings("blind spots (hidden, but expected allowed)", r.blind_spots);
+  }
+  print_findings("rows that see no key (their output is 0)", r.empty_rows, false);
+  print_findings("silent pairs (allowed, no measurable influence)", r.silent_pairs);
+
+  // The grid of the first (b, h) with a finding, else of (0, 0).
+  const std::vector<AuditPair>* lists[] = {&r.kernel_leaks, &r.leaks, &r.blind_spots};
+  AuditPair first{};
+  for (const auto* list : lists) {
+    if (!list->empty()) {
+      first = list->front();
+      break;
+    }
+  }
+  if (r.shape.q_len <= 64 && r.shape.k_len <= 120) print_audit_grid(r, first.b, first.h);
+
+  if (r.passed()) {
+    fmt::print("\naudit: passed\n");
+    return 0;
+  }
+  fmt::print("\naudit: FAILED\n");
+  fmt::print(stderr, "maskattn: error: audit failed: {} kernel leaks, {} leaks, {} blind spots\n",
+             r.kernel_leaks.size(), r.leaks.size(), r.blind_spots.size());
+  return 1;
+}
+
+}  // namespace maskattn::cli
