@@ -7,6 +7,7 @@
 #include "maskattn/dtype.h"
 #include "maskattn/error.h"
 #include "maskattn/gradcheck.h"
+#include "maskattn/health.h"
 #include "maskattn/heatmap.h"
 #include "maskattn/mask.h"
 #include "maskattn/mask_spec.h"

@@ -1,5 +1,7 @@
 // maskattn attend: O = attention(Q, K, V, mask) from .npy files. The flags are a fixed contract
 // (docs/cli.md): scripts depend on them.
+#include <fmt/core.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include "heatmap_files.h"
 #include "maskattn/attention.h"
 #include "maskattn/error.h"
+#include "maskattn/health.h"
 #include "maskattn/heatmap.h"
 #include "maskattn/mask_spec.h"
 #include "npy_tensors.h"
@@ -90,6 +93,22 @@ int run_attend(const AttendArgs& args) {
   const std::vector<float> out_values = out.to_floats();
   files.add("--out", args.out, result_array(out_values, file_layout(q, out_shape), q, dtype));
   if (lse) files.add("--lse", args.lse, NpyArray::from_floats(lse->to_floats(), lse->shape()));
+  if (args.report) {
+    const HealthReport report =
+        health_report(q_buffer.view(), k_buffer.view(), v_buffer.view(), mask, mods, options);
+    fmt::print("numeric health report ({}): per head, over allowed pairs\n", dtype_name(dtype));
+    fmt::print("{:>3} {:>3} {:>22} {:>10} {:>13} {:>8} {:>10} {:>5} {:>5}\n", "b", "h",
+               "score min / max", "max logit", "entropy nats", "hidden", "empty rows", "NaN",
+               "Inf");
+    for (const HeadHealth& head : report.heads) {
+      fmt::print(
+          "{:>3} {:>3} {:>10.4g} / {:<9.4g} {:>10.4g} {:>13.4f} {:>7.1f}% {:>10} {:>5} {:>5}\n",
+          head.b, head.h, head.score_min, head.score_max, head.max_logit, head.mean_entropy,
+          100.0 * head.hidden_fraction, head.empty_rows, head.nan_count, head.inf_count);
+    }
+    for (const std::string& warning : report.warnings) fmt::print("warning: {}\n", warning);
+    if (report.warnings.empty()) fmt::print("no warnings\n");
+  }
   if (!args.heatmap.empty()) {
     // Panels of the weights, one per (b, h), at most 16; hidden pairs hatched.
     const MaskShape shape = {q.shape[0], q.shape[1], q.shape[2], k.shape[2]};

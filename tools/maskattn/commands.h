@@ -18,6 +18,7 @@ struct AttendArgs {
   int threads = 0;
   std::string kernel = "auto";
   int repeat = 0;       // > 0: one warm-up, then `repeat` timed runs, timing printed on stderr
+  bool report = false;  // print the numeric health report
   std::string heatmap;  // FILE.png|svg: the weights, one panel per (b, h); empty = none
   std::string tokens;   // labels for the heatmap's rows and columns
 };

@@ -73,6 +73,9 @@ int main(int argc, char** argv) {
                    "time the computation: 1 warm-up, then R runs; prints 'time_ms median=X min=Y "
                    "max=Z' on stderr")
       ->check(CLI::Range(1, 1000000));
+  attend_cmd->add_flag("--report", attend.report,
+                       "print a numeric health report per head (score range, max logit, weight "
+                       "entropy, hidden share, empty rows, NaN/Inf) and mask warnings");
   attend_cmd->add_option("--heatmap", attend.heatmap,
                          "also draw the weights, one panel per (batch, head): FILE.png or "
                          "FILE.svg (hidden pairs hatched grey)");

@@ -1,0 +1,169 @@
+// The numeric health report, from the reference kernel's scores and weights.
+#include "maskattn/health.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/element.h"
+#include "maskattn/error.h"
+#include "maskattn/memory.h"
+
+namespace maskattn {
+
+namespace {
+
+std::string number(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", x);
+  return text;
+}
+
+// Warnings about the finite values of additive masks (and the bias): what they do that −inf
+// would not.
+void additive_warnings(const Mask& mask, const ScoreMods& mods, DType dtype,
+                       const Array<uint8_t>& allowed, const std::vector<float>& final_scores,
+                       std::vector<std::string>& warnings) {
+  std::vector<std::pair<std::string, const Array<float>*>> arrays;
+  for (size_t n = 0; n < mask.components().size(); ++n) {
+    if (const auto* a = std::get_if<component::DenseAdditive>(&mask.components()[n])) {
+      arrays.emplace_back(mask.labels()[n], &a->values);
+    }
+  }
+  if (mods.bias) arrays.emplace_back("bias", &*mods.bias);
+  constexpr double kF16Max = 65504.0;
+  for (const auto& [name, values] : arrays) {
+    double lowest_finite = 0.0;
+    for (float x : values->values()) {
+      if (std::isfinite(x)) lowest_finite = std::min(lowest_finite, double{x});
+    }
+    if (lowest_finite > -1e4) continue;  // no sentinel-like values
+    warnings.push_back(name + ": finite value " + number(lowest_finite) +
+                       " does not hide a pair; it only makes its weight tiny while the row has a "
+                       "pair without it (use -inf, or a keep/blocked mask)");
+    if (lowest_finite < -kF16Max) {
+      warnings.push_back(name + ": " + number(lowest_finite) +
+                         " is below the float16 range (-65504): a framework that casts the mask to "
+                         "f16 turns it into -inf" +
+                         (dtype == DType::f16 ? " (this run computes in f16)" : ""));
+    }
+    if (lowest_finite <= -1e38) {
+      warnings.push_back(name + ": " + number(lowest_finite) +
+                         " is near finfo(float32).min: adding a negative score to it overflows "
+                         "to -inf in f32 (so it hides after all, but only by overflow)");
+    }
+  }
+  // Rows where every allowed pair carries a sentinel-sized score: they get near-uniform weights
+  // over pairs that were meant to be hidden, instead of an output of 0.
+  const int64_t M = allowed.dim(3), rows = allowed.numel() / std::max<int64_t>(M, 1);
+  int64_t sentinel_rows = 0;
+  for (int64_t row = 0; row < rows && M > 0; ++row) {
+    bool any = false, all_tiny = true;
+    for (int64_t j = 0; j < M; ++j) {
+      const float s = final_scores[row * M + j];
+      if (!allowed.values()[row * M + j] || s == -INFINITY) continue;
+      any = true;
+      all_tiny &= s <= -1e4f;
+    }
+    sentinel_rows += any && all_tiny;
+  }
+  if (sentinel_rows > 0) {
+    warnings.push_back(std::to_string(sentinel_rows) +
+                       " rows have only finite sentinel scores (≤ -1e4): their weights are "
+                       "spread over pairs meant to be hidden (a fully masked row given as -inf "
+                       "would output 0)");
+  }
+}
+
+}  // namespace
+
+HealthReport health_report(const TensorView& q, const TensorView& k, const TensorView& v,
+                           const Mask& mask, const ScoreMods& mods, const Options& options,
+                           int64_t max_heads) {
+  if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) {
+    throw Error("health_report: q, k, v must be [B,H,L,D] (got " + q.shape_string() + ", " +
+                k.shape_string() + ", " + v.shape_string() + ")");
+  }
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), M = k.size(2), Dv = v.size(3);
+  const double pairs = static_cast<double>(B) * H * L * M;
+  require_memory(12.0 * pairs + 4.0 * B * H * L * Dv,
+                 "health_report for q " + q.shape_string() + ", k " + k.shape_string());
+  const Dims pair_shape = {B, H, L, M};
+  std::vector<float> scaled(static_cast<size_t>(pairs)), final_scores(scaled.size()),
+      weights(scaled.size()), out(static_cast<size_t>(B * H * L * Dv));
+  Options reference = options;
+  reference.kernel = Kernel::reference;
+  attention_scores(q, k, MutableTensorView(scaled.data(), pair_shape), ScoreStage::scaled, mask,
+                   mods, reference);
+  attention_scores(q, k, MutableTensorView(final_scores.data(), pair_shape), ScoreStage::final,
+                   mask, mods, reference);
+  attention_weights(q, k, MutableTensorView(weights.data(), pair_shape), mask, mods, reference);
+  std::vector<uint16_t> typed(out.size() * (q.dtype() == DType::f32 ? 2 : 1));
+  const MutableTensorView out_view(typed.data(), q.dtype(), {B, H, L, Dv});
+  attention(q, k, v, out_view, mask, mods, options);
+  const Array<uint8_t> allowed = allowed_pairs(mask, {B, H, L, M});
+
+  HealthReport report;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H && static_cast<int64_t>(report.heads.size()) < max_heads; ++h) {
+      HeadHealth head;
+      head.b = b;
+      head.h = h;
+      double lo = INFINITY, hi = -INFINITY, logit = -INFINITY, entropy = 0;
+      int64_t hidden = 0, rows_with_keys = 0;
+      for (int64_t i = 0; i < L; ++i) {
+        const int64_t row = (b * H + h) * L + i;
+        bool any = false;
+        double row_entropy = 0;
+        for (int64_t j = 0; j < M; ++j) {
+          const int64_t n = row * M + j;
+          const float s = final_scores[n];
+          if (!allowed.values()[n] || s == -INFINITY) {
+            ++hidden;
+            continue;
+          }
+          any = true;
+          if (std::isnan(s)) ++head.nan_count;
+          if (std::isinf(s)) ++head.inf_count;
+          lo = std::min(lo, double{scaled[n]});
+          hi = std::max(hi, double{scaled[n]});
+          logit = std::max(logit, double{s});
+          const double p = weights[n];
+          if (p > 0) row_entropy -= p * std::log(p);
+        }
+        if (any) {
+          ++rows_with_keys;
+          entropy += row_entropy;
+        } else {
+          ++head.empty_rows;
+        }
+        for (int64_t e = 0; e < Dv; ++e) {
+          const float o = detail::load_float(out_view, row * Dv + e);
+          if (std::isnan(o)) ++head.nan_count;
+          if (std::isinf(o)) ++head.inf_count;
+        }
+      }
+      head.score_min = rows_with_keys > 0 ? lo : NAN;
+      head.score_max = rows_with_keys > 0 ? hi : NAN;
+      head.max_logit = rows_with_keys > 0 ? logit : NAN;
+      head.mean_entropy = rows_with_keys > 0 ? entropy / rows_with_keys : 0.0;
+      head.hidden_fraction = L * M > 0 ? static_cast<double>(hidden) / (L * M) : 0.0;
+      report.heads.push_back(head);
+    }
+  }
+  additive_warnings(mask, mods, q.dtype(), allowed, final_scores, report.warnings);
+  for (const HeadHealth& head : report.heads) {
+    if (head.nan_count + head.inf_count > 0) {
+      report.warnings.push_back("b=" + std::to_string(head.b) + " h=" + std::to_string(head.h) +
+                                ": " + std::to_string(head.nan_count) + " NaN and " +
+                                std::to_string(head.inf_count) +
+                                " Inf in the scores or outputs (check the inputs with "
+                                "Options::check_finite)");
+    }
+  }
+  return report;
+}
+
+}  // namespace maskattn
