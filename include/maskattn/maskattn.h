@@ -16,3 +16,4 @@
 #include "maskattn/score_mods.h"
 #include "maskattn/shape.h"
 #include "maskattn/tensor.h"
+#include "maskattn/tokens.h"
