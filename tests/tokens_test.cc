@@ -1,6 +1,8 @@
 // Tokens and batches: fixed special ids, <unk> for unknown words, collate() on both sides with
 // the mask components that go with it, <sep> segments, and the property that padding (side and
 // amount) never changes the outputs of real tokens.
+#include <algorithm>
+
 #include "test_util.h"
 
 namespace maskattn {
@@ -8,21 +10,22 @@ namespace {
 
 TEST(Vocabulary, SpecialTokensHaveFixedIdsAndUnknownWordsMapToUnk) {
   const Vocabulary vocabulary({"I", "love", "dog", "love"});
-  EXPECT_EQ(vocabulary.size(), 9);
+  EXPECT_EQ(vocabulary.size(), 10);
   EXPECT_EQ(vocabulary.id("<pad>"), kPadId);
   EXPECT_EQ(vocabulary.id("<unk>"), kUnkId);
   EXPECT_EQ(vocabulary.id("<bos>"), kBosId);
   EXPECT_EQ(vocabulary.id("<eos>"), kEosId);
   EXPECT_EQ(vocabulary.id("<sep>"), kSepId);
   EXPECT_EQ(vocabulary.id("<cls>"), kClsId);
-  EXPECT_EQ(vocabulary.id("love"), 7);  // the duplicate kept its first id
+  EXPECT_EQ(vocabulary.id("<mask>"), kMaskId);
+  EXPECT_EQ(vocabulary.id("love"), 8);  // the duplicate kept its first id
   EXPECT_EQ(vocabulary.id("cat"), kUnkId);
   const std::vector<int64_t> ids = vocabulary.encode("I love cat <sep> dog");
-  EXPECT_EQ(ids, (std::vector<int64_t>{kBosId, 6, 7, kUnkId, kSepId, 8, kEosId}));
+  EXPECT_EQ(ids, (std::vector<int64_t>{kBosId, 7, 8, kUnkId, kSepId, 9, kEosId}));
   EXPECT_EQ(vocabulary.decode(ids),
             (std::vector<std::string>{"<bos>", "I", "love", "<unk>", "<sep>", "dog", "<eos>"}));
-  EXPECT_EQ(vocabulary.encode("dog", false, false), (std::vector<int64_t>{8}));
-  EXPECT_MASKATTN_ERROR(vocabulary.token(9), "vocabulary: id 9 is outside [0, 9)");
+  EXPECT_EQ(vocabulary.encode("dog", false, false), (std::vector<int64_t>{9}));
+  EXPECT_MASKATTN_ERROR(vocabulary.token(10), "vocabulary: id 10 is outside [0, 10)");
   Vocabulary growing;
   EXPECT_MASKATTN_ERROR(growing.add("two words"), "is empty or contains whitespace");
 }
@@ -77,6 +80,58 @@ TEST(Collate, ImageTokensSeeLaterImageTokensAndTextNeverSeesTheFuture) {
                                                                       "11111.",  //
                                                                       "111111"}));
   EXPECT_MASKATTN_ERROR(image_text({4}, {3}, 6), "image tokens [4, 7) outside [0, 6)");
+}
+
+TEST(DataMasking, MaePatchMaskingKeepsASeededSubset) {
+  const PatchMasking a = mae_patch_masking(196, 0.75, 7), b = mae_patch_masking(196, 0.75, 7);
+  EXPECT_EQ(a.kept, b.kept);  // reproducible from the seed
+  EXPECT_EQ(a.kept.size(), 49u);
+  EXPECT_TRUE(std::is_sorted(a.kept.begin(), a.kept.end()));
+  EXPECT_NE(a.kept, mae_patch_masking(196, 0.75, 8).kept);
+  // As a mask: kept patches see exactly the kept patches; masked ones see nothing.
+  const Array<uint8_t> pairs = allowed_pairs(a.mask(), {1, 1, 196, 196});
+  for (int64_t i = 0; i < 196; ++i) {
+    for (int64_t j = 0; j < 196; ++j) {
+      ASSERT_EQ(pairs.values()[i * 196 + j], a.keep[i] && a.keep[j]) << i << "," << j;
+    }
+  }
+  EXPECT_MASKATTN_ERROR(mae_patch_masking(10, 1.0, 1), "need patches ≥ 1 and a ratio in [0, 1)");
+}
+
+TEST(DataMasking, MlmSelectsFifteenPercentSplitEightyTenTen) {
+  // 20000 word tokens and a few specials: the rates are checked to within a few standard errors.
+  std::vector<int64_t> ids(20000);
+  for (size_t n = 0; n < ids.size(); ++n) ids[n] = n % 100 == 0 ? kPadId : 7 + n % 50;
+  const MlmExample mlm = mlm_masking(Array<int64_t>({4, 5000}, ids), 57, 3);
+  int64_t selected = 0, masked = 0, random_word = 0, kept = 0;
+  for (size_t n = 0; n < ids.size(); ++n) {
+    const int64_t label = mlm.labels.values()[n], input = mlm.inputs.values()[n];
+    if (ids[n] == kPadId) {
+      ASSERT_EQ(label, -100);  // never selected
+      ASSERT_EQ(input, kPadId);
+      continue;
+    }
+    if (label == -100) {
+      ASSERT_EQ(input, ids[n]);
+      continue;
+    }
+    ASSERT_EQ(label, ids[n]);
+    ++selected;
+    if (input == kMaskId) {
+      ++masked;
+    } else if (input == ids[n]) {
+      ++kept;
+    } else {
+      ++random_word;
+      ASSERT_GT(input, kMaskId);
+      ASSERT_LT(input, 57);
+    }
+  }
+  EXPECT_NEAR(selected / 19800.0, 0.15, 0.01);
+  EXPECT_NEAR(masked / static_cast<double>(selected), 0.8, 0.03);
+  // A random word equal to the original counts as kept: ~10 % + 10 %/50 and ~10 % − that.
+  EXPECT_NEAR(kept / static_cast<double>(selected), 0.102, 0.02);
+  EXPECT_NEAR(random_word / static_cast<double>(selected), 0.098, 0.02);
 }
 
 TEST(Collate, PaddingNeverChangesTheOutputsOfRealTokens) {

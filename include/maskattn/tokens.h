@@ -14,16 +14,17 @@
 namespace maskattn {
 
 // The special tokens and their ids, fixed: every Vocabulary starts with them, in this order.
-inline constexpr int64_t kPadId = 0;  // <pad>  fills sequences up to the batch length
-inline constexpr int64_t kUnkId = 1;  // <unk>  any word the vocabulary does not know
-inline constexpr int64_t kBosId = 2;  // <bos>  beginning of a sequence
-inline constexpr int64_t kEosId = 3;  // <eos>  end of a sequence
-inline constexpr int64_t kSepId = 4;  // <sep>  separates segments (sentence pairs, packed text)
-inline constexpr int64_t kClsId = 5;  // <cls>  a sequence-level summary token
+inline constexpr int64_t kPadId = 0;   // <pad>  fills sequences up to the batch length
+inline constexpr int64_t kUnkId = 1;   // <unk>  any word the vocabulary does not know
+inline constexpr int64_t kBosId = 2;   // <bos>  beginning of a sequence
+inline constexpr int64_t kEosId = 3;   // <eos>  end of a sequence
+inline constexpr int64_t kSepId = 4;   // <sep>  separates segments (sentence pairs, packed text)
+inline constexpr int64_t kClsId = 5;   // <cls>  a sequence-level summary token
+inline constexpr int64_t kMaskId = 6;  // <mask> a token hidden from a masked language model (MLM)
 
 class Vocabulary {
  public:
-  Vocabulary();  // the six special tokens only
+  Vocabulary();  // the seven special tokens only
   // The special tokens, then `words` in order (duplicates and special tokens keep their first id).
   explicit Vocabulary(const std::vector<std::string>& words);
 
@@ -79,6 +80,26 @@ Mask cross_attention(const TokenBatch& decoder, const TokenBatch& encoder);
 // so text sees the whole image once it is past it and never a later text token.
 Mask image_text(const std::vector<int64_t>& image_first, const std::vector<int64_t>& image_count,
                 int64_t length);
+
+// MAE patch masking: a seeded random subset of `patches` positions is kept (round(patches ·
+// (1 − mask_ratio)) of them), the rest masked. `keep` is [patches] 0/1; mask() hides the masked
+// patches as keys and as queries (the encoder sees only the kept ones).
+struct PatchMasking {
+  std::vector<uint8_t> keep;
+  std::vector<int64_t> kept;  // sorted indices of the kept patches
+  Mask mask() const;
+};
+PatchMasking mae_patch_masking(int64_t patches, double mask_ratio, uint64_t seed);
+
+// BERT-style MLM input masking: each real, non-special token is selected with probability `rate`
+// (0.15); a selected token becomes <mask> 80 % of the time, a random word 10 %, itself 10 %.
+// `labels` holds the original id at selected positions and −100 elsewhere (the usual ignore index).
+struct MlmExample {
+  Array<int64_t> inputs;  // [B, L]
+  Array<int64_t> labels;  // [B, L]
+};
+MlmExample mlm_masking(const Array<int64_t>& ids, int64_t vocabulary_size, uint64_t seed,
+                       double rate = 0.15);
 
 // Pads `sequences` to the longest one (or `min_length`, if longer). Throws Error for an empty
 // list or a negative min_length.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <random>
 #include <sstream>
 
 #include "maskattn/error.h"
@@ -11,8 +13,8 @@ namespace maskattn {
 namespace {
 
 const std::vector<std::string>& special_tokens() {
-  static const std::vector<std::string> tokens = {"<pad>", "<unk>", "<bos>",
-                                                  "<eos>", "<sep>", "<cls>"};
+  static const std::vector<std::string> tokens = {"<pad>", "<unk>", "<bos>", "<eos>",
+                                                  "<sep>", "<cls>", "<mask>"};
   return tokens;
 }
 
@@ -153,6 +155,62 @@ Mask image_text(const std::vector<int64_t>& image_first, const std::vector<int64
     for (int64_t t = first; t < first + count; ++t) span[static_cast<size_t>(b * length + t)] = 1;
   }
   return Mask().causal().spans(Array<int64_t>({batch, length}, std::move(span)));
+}
+
+Mask PatchMasking::mask() const {
+  const int64_t patches = static_cast<int64_t>(keep.size());
+  std::vector<int64_t> flags(keep.begin(), keep.end());
+  const Array<int64_t> keep_array({1, patches}, flags);
+  return Mask().key_keep(keep_array).query_keep(keep_array);
+}
+
+PatchMasking mae_patch_masking(int64_t patches, double mask_ratio, uint64_t seed) {
+  if (patches < 1 || !(mask_ratio >= 0.0 && mask_ratio < 1.0)) {
+    throw Error("mae_patch_masking: " + std::to_string(patches) + " patches with mask ratio " +
+                std::to_string(mask_ratio) + "; need patches ≥ 1 and a ratio in [0, 1)");
+  }
+  const int64_t kept = std::max<int64_t>(
+      1, static_cast<int64_t>(std::llround(static_cast<double>(patches) * (1.0 - mask_ratio))));
+  std::vector<int64_t> order(static_cast<size_t>(patches));
+  for (int64_t n = 0; n < patches; ++n) order[n] = n;
+  std::mt19937_64 random(seed);
+  std::shuffle(order.begin(), order.end(), random);
+  PatchMasking out;
+  out.keep.assign(static_cast<size_t>(patches), 0);
+  out.kept.assign(order.begin(), order.begin() + kept);
+  std::sort(out.kept.begin(), out.kept.end());
+  for (int64_t n : out.kept) out.keep[n] = 1;
+  return out;
+}
+
+MlmExample mlm_masking(const Array<int64_t>& ids, int64_t vocabulary_size, uint64_t seed,
+                       double rate) {
+  if (ids.rank() != 2) {
+    throw Error("mlm_masking: ids have shape " + shape_string(ids.shape()) + "; expected [B,L]");
+  }
+  if (vocabulary_size <= kMaskId + 1 || !(rate >= 0.0 && rate <= 1.0)) {
+    throw Error("mlm_masking: vocabulary size " + std::to_string(vocabulary_size) + " and rate " +
+                std::to_string(rate) +
+                "; need words beyond the special tokens and a rate in [0, 1]");
+  }
+  std::mt19937_64 random(seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::uniform_int_distribution<int64_t> word(kMaskId + 1, vocabulary_size - 1);
+  std::vector<int64_t> inputs = ids.values(), labels(inputs.size(), -100);
+  for (size_t n = 0; n < inputs.size(); ++n) {
+    const int64_t id = inputs[n];
+    if (id <= kMaskId) continue;  // special tokens and <pad> are never selected
+    if (uniform(random) >= rate) continue;
+    labels[n] = id;
+    const double roll = uniform(random);
+    if (roll < 0.8) {
+      inputs[n] = kMaskId;
+    } else if (roll < 0.9) {
+      inputs[n] = word(random);
+    }
+  }
+  return {Array<int64_t>(ids.shape(), std::move(inputs)),
+          Array<int64_t>(ids.shape(), std::move(labels))};
 }
 
 }  // namespace maskattn
