@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/element.h"
 #include "maskattn/attention.h"
 #include "maskattn/dtype.h"
 #include "maskattn/error.h"
@@ -36,20 +37,8 @@ struct Tensor {
   int64_t numel() const {
     return static_cast<int64_t>(words.size()) / (dtype == DType::f32 ? 2 : 1);
   }
-  void set(int64_t n, float x) {
-    if (dtype == DType::f32) {
-      reinterpret_cast<float*>(words.data())[n] = x;
-    } else if (dtype == DType::f16) {
-      words[n] = float16_from_float(x).bits;
-    } else {
-      words[n] = bfloat16_from_float(x).bits;
-    }
-  }
-  float get(int64_t n) const {
-    if (dtype == DType::f32) return reinterpret_cast<const float*>(words.data())[n];
-    if (dtype == DType::f16) return to_float(float16{words[n]});
-    return to_float(bfloat16{words[n]});
-  }
+  void set(int64_t n, float x) { detail::store_float(mutable_view(), n, x); }
+  float get(int64_t n) const { return detail::load_float(view(), n); }
   TensorView view() const { return TensorView(words.data(), dtype, shape); }
   MutableTensorView mutable_view() { return MutableTensorView(words.data(), dtype, shape); }
 };

@@ -42,6 +42,14 @@ void require_pair_output(const MutableTensorView& t, const Problem& p, const std
   require_disjoint(t, name, p.k, "k");
 }
 
+// One byte per element of `dims`, for the arrays allowed_pairs() and block_map() return; checked
+// against the memory cap first.
+std::vector<uint8_t> flag_buffer(const Dims& dims, const std::string& what) {
+  const int64_t count = checked_numel(dims, what);
+  require_memory(static_cast<double>(count), what + " " + shape_string(dims));
+  return std::vector<uint8_t>(static_cast<size_t>(count));
+}
+
 }  // namespace
 
 void attention(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -144,9 +152,7 @@ void merge_partials(const std::vector<PartialResult>& parts, const MutableTensor
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape) {
   const ResolvedMask resolved(mask, shape);
   const Dims dims = {shape.batch, shape.q_heads, shape.q_len, shape.k_len};
-  const int64_t count = checked_numel(dims, "allowed_pairs");
-  require_memory(static_cast<double>(count), "allowed_pairs " + shape_string(dims));
-  std::vector<uint8_t> values(static_cast<size_t>(count));
+  std::vector<uint8_t> values = flag_buffer(dims, "allowed_pairs");
   size_t n = 0;
   for (int64_t b = 0; b < shape.batch; ++b) {
     for (int64_t h = 0; h < shape.q_heads; ++h) {
@@ -166,9 +172,7 @@ Array<uint8_t> block_map(const Mask& mask, const MaskShape& shape, int64_t tile_
   const ResolvedMask resolved(mask, shape);
   const detail::BlockMap map(resolved, tile_q, tile_k);
   const Dims dims = {shape.batch, shape.q_heads, map.q_tiles(), map.k_tiles()};
-  const int64_t count = checked_numel(dims, "block_map");
-  require_memory(static_cast<double>(count), "block_map " + shape_string(dims));
-  std::vector<uint8_t> kinds(static_cast<size_t>(count));
+  std::vector<uint8_t> kinds = flag_buffer(dims, "block_map");
   size_t n = 0;
   for (int64_t b = 0; b < shape.batch; ++b) {
     for (int64_t h = 0; h < shape.q_heads; ++h) {
@@ -190,9 +194,7 @@ Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape, int64_t b
   }
   const ResolvedMask resolved(mask, shape);
   const Dims dims = {shape.q_len, shape.k_len};
-  const int64_t count = checked_numel(dims, "allowed_pairs");
-  require_memory(static_cast<double>(count), "allowed_pairs " + shape_string(dims));
-  std::vector<uint8_t> values(static_cast<size_t>(count));
+  std::vector<uint8_t> values = flag_buffer(dims, "allowed_pairs");
   size_t n = 0;
   for (int64_t i = 0; i < shape.q_len; ++i) {
     for (int64_t j = 0; j < shape.k_len; ++j) values[n++] = resolved.allowed(batch, head, i, j);

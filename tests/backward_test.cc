@@ -307,32 +307,16 @@ TEST(BackwardGradcheck, AcrossTileEdgesFused) {
 // ---- the fused kernel against the reference ----
 
 TEST(BackwardSweep, EveryMaskAcrossTileEdges) {
-  const std::vector<std::array<int64_t, 5>> shapes = {
-      // Lq, Lk, D, Hq, Hkv
-      {1, 129, 8, 2, 1},   {2, 65, 40, 8, 1},  {3, 3, 64, 2, 2},
-      {17, 63, 80, 2, 1},  {63, 64, 96, 2, 2}, {64, 17, 128, 8, 8},
-      {65, 127, 64, 2, 1}, {127, 65, 1, 2, 2}, {129, 129, 256, 2, 1},
-  };
-  uint64_t seed = 300;
-  for (const auto& [lq, lk, d, hq, hkv] : shapes) {
-    const Problem p(2, hq, hkv, lq, lk, d, d == 1 ? 3 : d, ++seed);
-    for (const auto& [name, mask] : test::sweep_masks(p)) {
-      expect_within_rule(p, DType::f32, mask,
-                         name + " Lq=" + std::to_string(lq) + " Lk=" + std::to_string(lk) +
-                             " D=" + std::to_string(d));
-    }
-  }
+  test::for_each_edge_case(300, [](const Problem& p, const Mask& mask, const std::string& what) {
+    expect_within_rule(p, DType::f32, mask, what);
+  });
 }
 
 TEST(BackwardSweep, HalfPrecisionInputs) {
-  for (DType dtype : {DType::f16, DType::bf16}) {
-    for (const auto& [lq, lk] : {std::pair<int64_t, int64_t>{65, 130}, {5, 300}, {128, 64}}) {
-      const Problem p(1, 4, 2, lq, lk, 64, 64, lq + lk);
-      for (const auto& [name, mask] : test::sweep_masks(p)) {
-        expect_within_rule(p, dtype, mask, name + " Lq=" + std::to_string(lq));
-      }
-    }
-  }
+  test::for_each_half_precision_case(
+      [](const Problem& p, DType dtype, const Mask& mask, const std::string& what) {
+        expect_within_rule(p, dtype, mask, what);
+      });
 }
 
 TEST(BackwardSweep, LongSequence) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -147,6 +148,37 @@ std::vector<std::pair<std::string, Mask>> sweep_masks(const RandomProblem& p) {
          return (i + 2 * j + h) % 7 != 3;
        })},
   };
+}
+
+void for_each_edge_case(
+    uint64_t seed,
+    const std::function<void(const RandomProblem&, const Mask&, const std::string&)>& check) {
+  const std::vector<std::array<int64_t, 5>> shapes = {
+      // Lq, Lk, D, Hq, Hkv
+      {1, 129, 8, 2, 1},   {2, 65, 40, 8, 1},  {3, 3, 64, 2, 2},
+      {17, 63, 80, 2, 1},  {63, 64, 96, 2, 2}, {64, 17, 128, 8, 8},
+      {65, 127, 64, 2, 1}, {127, 65, 1, 2, 2}, {129, 129, 256, 2, 1},
+  };
+  for (const auto& [lq, lk, d, hq, hkv] : shapes) {
+    const RandomProblem p(2, hq, hkv, lq, lk, d, d == 1 ? 3 : d, ++seed);
+    for (const auto& [name, mask] : sweep_masks(p)) {
+      check(p, mask,
+            name + " Lq=" + std::to_string(lq) + " Lk=" + std::to_string(lk) +
+                " D=" + std::to_string(d));
+    }
+  }
+}
+
+void for_each_half_precision_case(const std::function<void(const RandomProblem&, DType, const Mask&,
+                                                           const std::string&)>& check) {
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (const auto& [lq, lk] : {std::pair<int64_t, int64_t>{65, 130}, {5, 300}, {128, 64}}) {
+      const RandomProblem p(1, 4, 2, lq, lk, 64, 64, lq + lk);
+      for (const auto& [name, mask] : sweep_masks(p)) {
+        check(p, dtype, mask, name + " Lq=" + std::to_string(lq));
+      }
+    }
+  }
 }
 
 }  // namespace maskattn::test

@@ -39,8 +39,12 @@ int thread_count(const Problem& p) {
 // `t` as f32 rows `width` ≥ W floats wide that may be read in full (the kernel's products read
 // whole vectors): in place when t is f32 with contiguous rows and width == W, else converted
 // into `buffer` with zero-filled tails.
+bool rows_in_place(const TensorView& t, int64_t width) {
+  return t.dtype() == DType::f32 && t.stride(3) == 1 && width == t.size(3);
+}
+
 F32Rows f32_rows(const TensorView& t, int64_t width, std::vector<float>& buffer, int threads) {
-  if (t.dtype() == DType::f32 && t.stride(3) == 1 && width == t.size(3)) {
+  if (rows_in_place(t, width)) {
     return {static_cast<const float*>(t.data()), t.stride(0), t.stride(1), t.stride(2)};
   }
   const int64_t rows = t.size(0) * t.size(1) * t.size(2);
@@ -79,15 +83,15 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
   {
     // Working memory: f32 copies of what is not f32 with contiguous rows, per-row D and LSE, the
     // per-chunk dQ partials (at most kTargetItems of them), dbias, and O(tile) scratch per thread.
-    const auto copy = [](const TensorView& t) {
-      const bool in_place = t.dtype() == DType::f32 && t.stride(3) == 1 && t.size(3) % 16 == 0;
-      return in_place ? 0.0 : 4.0 * t.numel() / std::max<int64_t>(t.size(3), 1) * padded(t.size(3));
+    const auto copy = [](const TensorView& t, int64_t width) {
+      return rows_in_place(t, width) ? 0.0
+                                     : 4.0 * t.numel() / std::max<int64_t>(t.size(3), 1) * width;
     };
     const double dq_rows =
         static_cast<double>(std::min<int64_t>(kTargetItems, std::max<int64_t>(k_tiles, 1))) * rows;
     const double bytes =
-        copy(p.q) + copy(dout) + copy(out) + 8.0 * rows +
-        4.0 * dq_rows * ((p.head_dim + 15) / 16 * 16) +
+        copy(p.q, padded(p.head_dim)) + copy(dout, padded(p.value_dim)) + copy(out, p.value_dim) +
+        8.0 * rows + 4.0 * dq_rows * padded(p.head_dim) +
         4.0 * static_cast<double>(grads.dbias.is_null() ? 0 : grads.dbias.numel()) +
         4.0 * T * (3.0 * p.head_dim + 3.0 * p.value_dim + 3 * T + 16) * threads;
     require_memory(bytes, "attention_backward (fused kernel) for q " + p.q.shape_string() + ", k " +

@@ -91,37 +91,36 @@ HWY_INLINE void ProductBlock(const float* a, int64_t a_row, int64_t a_col, int64
   }
 }
 
+// kRows rows of C, all `vectors` vectors of it: blocks of 4 vectors, then single ones.
+template <int kRows, Guard kGuard>
+HWY_INLINE void ProductRows(const float* a, int64_t a_row, int64_t a_col, int64_t inner,
+                            const float* b, int64_t b_stride, int vectors, bool accumulate,
+                            float* c, int64_t c_stride) {
+  const size_t N = hn::Lanes(DF());
+  int v = 0;
+  for (; v + 4 <= vectors; v += 4, b += 4 * N, c += 4 * N) {
+    ProductBlock<kRows, 4, kGuard>(a, a_row, a_col, inner, b, b_stride, accumulate, c, c_stride);
+  }
+  for (; v < vectors; ++v, b += N, c += N) {
+    ProductBlock<kRows, 1, kGuard>(a, a_row, a_col, inner, b, b_stride, accumulate, c, c_stride);
+  }
+}
+
 // The same for `rows` rows and `width` columns (a multiple of the lane count; widths are head dims
 // or tile sizes, far below 2^31 vectors).
 template <Guard kGuard>
 void Product(const float* a, int64_t a_row, int64_t a_col, int64_t inner, const float* b,
              int64_t b_stride, int64_t width, bool accumulate, float* c, int64_t c_stride,
              int64_t rows) {
-  const DF df;
-  const int N = static_cast<int>(hn::Lanes(df));
-  const int vectors = static_cast<int>(width / N);
+  const int vectors = static_cast<int>(width / static_cast<int64_t>(hn::Lanes(DF())));
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
-    int v = 0;
-    for (; v + 4 <= vectors; v += 4) {
-      ProductBlock<4, 4, kGuard>(a + r * a_row, a_row, a_col, inner, b + v * N, b_stride,
-                                 accumulate, c + r * c_stride + v * N, c_stride);
-    }
-    for (; v < vectors; ++v) {
-      ProductBlock<4, 1, kGuard>(a + r * a_row, a_row, a_col, inner, b + v * N, b_stride,
-                                 accumulate, c + r * c_stride + v * N, c_stride);
-    }
+    ProductRows<4, kGuard>(a + r * a_row, a_row, a_col, inner, b, b_stride, vectors, accumulate,
+                           c + r * c_stride, c_stride);
   }
   for (; r < rows; ++r) {
-    int v = 0;
-    for (; v + 4 <= vectors; v += 4) {
-      ProductBlock<1, 4, kGuard>(a + r * a_row, a_row, a_col, inner, b + v * N, b_stride,
-                                 accumulate, c + r * c_stride + v * N, c_stride);
-    }
-    for (; v < vectors; ++v) {
-      ProductBlock<1, 1, kGuard>(a + r * a_row, a_row, a_col, inner, b + v * N, b_stride,
-                                 accumulate, c + r * c_stride + v * N, c_stride);
-    }
+    ProductRows<1, kGuard>(a + r * a_row, a_row, a_col, inner, b, b_stride, vectors, accumulate,
+                           c + r * c_stride, c_stride);
   }
 }
 

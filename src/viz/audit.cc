@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/element.h"
 #include "maskattn/dtype.h"
 #include "maskattn/error.h"
 #include "maskattn/memory.h"
@@ -25,23 +26,8 @@ struct Buffer {
         static_cast<size_t>(checked_numel(shape, "audit tensor")) * (dtype == DType::f32 ? 2 : 1),
         0);
   }
-  void set(int64_t n, float x) {
-    if (dtype == DType::f32) {
-      std::memcpy(words.data() + 2 * n, &x, 4);
-    } else if (dtype == DType::f16) {
-      words[n] = float16_from_float(x).bits;
-    } else {
-      words[n] = bfloat16_from_float(x).bits;
-    }
-  }
-  float get(int64_t n) const {
-    if (dtype == DType::f32) {
-      float x;
-      std::memcpy(&x, words.data() + 2 * n, 4);
-      return x;
-    }
-    return dtype == DType::f16 ? to_float(float16{words[n]}) : to_float(bfloat16{words[n]});
-  }
+  void set(int64_t n, float x) { detail::store_float(mutable_view(), n, x); }
+  float get(int64_t n) const { return detail::load_float(view(), n); }
   TensorView view() const { return TensorView(words.data(), dtype, shape); }
   MutableTensorView mutable_view() { return MutableTensorView(words.data(), dtype, shape); }
 };

@@ -28,27 +28,12 @@ int run_attend(const AttendArgs& args) {
   const InputTensor q = load_input("--q", args.q);
   const InputTensor k = load_input("--k", args.k);
   const InputTensor v = load_input("--v", args.v);
-  for (const InputTensor* input : {&k, &v}) {
-    if (input->file_rank != q.file_rank) {
-      throw Error(input->flag + " has rank " + std::to_string(input->file_rank) + " but " + q.flag +
-                  " has rank " + std::to_string(q.file_rank) +
-                  "; give q, k and v in the same layout");
-    }
-  }
+  require_same_layout({&q, &k, &v}, "q, k and v");
   const DType dtype = choose_dtype(args.dtype, {&q, &k, &v});
-
-  Mask mask;
-  ScoreMods mods;
-  SpecOptions spec_options;
-  spec_options.one_head_layout = q.file_rank == 3;
-  for (const std::string& spec : args.masks) {
-    apply_mask_spec(spec, mask, mods, "--mask " + spec, spec_options);
-  }
-
-  Options options;
-  options.scale = args.scale;
-  options.threads = args.threads;
-  options.kernel = kernel_named(args.kernel);
+  const MaskSpecs specs = parse_mask_specs(args.masks, q.file_rank == 3);
+  const Mask& mask = specs.mask;
+  const ScoreMods& mods = specs.mods;
+  const Options options = call_options(args.scale, args.threads, args.kernel);
 
   const TensorBuffer q_buffer = TensorBuffer::from_floats(q.values, q.shape, dtype);
   const TensorBuffer k_buffer = TensorBuffer::from_floats(k.values, k.shape, dtype);

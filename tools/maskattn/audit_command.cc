@@ -9,6 +9,7 @@
 #include "maskattn/audit.h"
 #include "maskattn/error.h"
 #include "maskattn/mask_spec.h"
+#include "npy_tensors.h"
 
 namespace maskattn::cli {
 
@@ -73,12 +74,8 @@ int run_audit(const AuditArgs& args) {
   options.q_len = args.q_len;
   options.k_len = args.k_len;
   options.head_dim = args.dim;
-  options.dtype = args.dtype == "f16"    ? DType::f16
-                  : args.dtype == "bf16" ? DType::bf16
-                                         : DType::f32;
-  options.kernel = args.kernel == "reference" ? Kernel::reference
-                   : args.kernel == "fused"   ? Kernel::fused
-                                              : Kernel::automatic;
+  options.dtype = dtype_named(args.dtype);
+  options.kernel = kernel_named(args.kernel);
   options.seed = args.seed;
   const AuditReport r = audit_mask(mask, mods, args.expect.empty() ? nullptr : &expected, options);
 

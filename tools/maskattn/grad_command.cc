@@ -15,45 +15,16 @@
 
 namespace maskattn::cli {
 
-namespace {
-
-struct Parsed {
-  Mask mask;
-  ScoreMods mods;
-};
-
-Parsed parse_specs(const std::vector<std::string>& specs, bool one_head_layout) {
-  Parsed parsed;
-  SpecOptions options;
-  options.one_head_layout = one_head_layout;
-  for (const std::string& spec : specs) {
-    apply_mask_spec(spec, parsed.mask, parsed.mods, "--mask " + spec, options);
-  }
-  return parsed;
-}
-
-}  // namespace
-
 int run_grad(const GradArgs& args) {
   require_distinct_outputs({{"--dq", args.dq}, {"--dk", args.dk}, {"--dv", args.dv}});
   const InputTensor q = load_input("--q", args.q);
   const InputTensor k = load_input("--k", args.k);
   const InputTensor v = load_input("--v", args.v);
   const InputTensor dout = load_input("--dout", args.dout);
-  for (const InputTensor* input : {&k, &v, &dout}) {
-    if (input->file_rank != q.file_rank) {
-      throw Error(input->flag + " has rank " + std::to_string(input->file_rank) + " but " + q.flag +
-                  " has rank " + std::to_string(q.file_rank) +
-                  "; give q, k, v and dout in the same layout");
-    }
-  }
+  require_same_layout({&q, &k, &v, &dout}, "q, k, v and dout");
   const DType dtype = choose_dtype(args.dtype, {&q, &k, &v, &dout});
-  const Parsed parsed = parse_specs(args.masks, q.file_rank == 3);
-
-  Options options;
-  options.scale = args.scale;
-  options.threads = args.threads;
-  options.kernel = kernel_named(args.kernel);
+  const MaskSpecs parsed = parse_mask_specs(args.masks, q.file_rank == 3);
+  const Options options = call_options(args.scale, args.threads, args.kernel);
 
   const TensorBuffer q_buffer = TensorBuffer::from_floats(q.values, q.shape, dtype);
   const TensorBuffer k_buffer = TensorBuffer::from_floats(k.values, k.shape, dtype);
@@ -108,10 +79,8 @@ int run_gradcheck(const GradcheckArgs& args) {
                 " input elements, each needing two reference forwards, is too many; keep B·H·L·D "
                 "small (at most 200000 elements)");
   }
-  const DType dtype = args.dtype == "f16"    ? DType::f16
-                      : args.dtype == "bf16" ? DType::bf16
-                                             : DType::f32;
-  const Parsed parsed = parse_specs(args.masks, false);
+  const DType dtype = dtype_named(args.dtype);
+  const MaskSpecs parsed = parse_mask_specs(args.masks, false);
   std::mt19937_64 random(args.seed);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   const auto make = [&](Dims shape) {
@@ -124,10 +93,7 @@ int run_gradcheck(const GradcheckArgs& args) {
   const TensorBuffer v = make({args.batch, kv_heads, args.k_len, args.value_dim});
   const TensorBuffer dout = make({args.batch, args.heads, args.q_len, args.value_dim});
 
-  Options options;
-  options.scale = args.scale;
-  options.threads = args.threads;
-  options.kernel = kernel_named(args.kernel);
+  const Options options = call_options(args.scale, args.threads, args.kernel);
   GradcheckOptions check;
   check.step = args.step;
   check.tolerance = args.tolerance;

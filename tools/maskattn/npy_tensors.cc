@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "maskattn/error.h"
+#include "maskattn/mask_spec.h"
 #include "maskattn/memory.h"
 
 namespace maskattn::cli {
@@ -161,9 +162,7 @@ void OutputFiles::commit() {
 }
 
 DType choose_dtype(const std::string& requested, const std::vector<const InputTensor*>& inputs) {
-  if (requested == "f32") return DType::f32;
-  if (requested == "f16") return DType::f16;
-  if (requested == "bf16") return DType::bf16;
+  if (!requested.empty()) return dtype_named(requested);
   const InputTensor& first = *inputs.front();
   for (const InputTensor* input : inputs) {
     if (input->file_type != first.file_type) {
@@ -179,6 +178,12 @@ Kernel kernel_named(const std::string& name) {
   if (name == "reference") return Kernel::reference;
   if (name == "fused") return Kernel::fused;
   return Kernel::automatic;
+}
+
+DType dtype_named(const std::string& name) {
+  if (name == "f16") return DType::f16;
+  if (name == "bf16") return DType::bf16;
+  return DType::f32;
 }
 
 Dims file_layout(const InputTensor& like, const Dims& shape) {
@@ -200,6 +205,35 @@ NpyArray result_array(const std::vector<float>& values, const Dims& file_shape,
     return NpyArray::from_float16(halves, file_shape);
   }
   return NpyArray::from_floats(values, file_shape);
+}
+
+void require_same_layout(const std::vector<const InputTensor*>& inputs, const std::string& names) {
+  const InputTensor& first = *inputs.front();
+  for (const InputTensor* input : inputs) {
+    if (input->file_rank != first.file_rank) {
+      throw Error(input->flag + " has rank " + std::to_string(input->file_rank) + " but " +
+                  first.flag + " has rank " + std::to_string(first.file_rank) + "; give " + names +
+                  " in the same layout");
+    }
+  }
+}
+
+MaskSpecs parse_mask_specs(const std::vector<std::string>& specs, bool one_head_layout) {
+  MaskSpecs parsed;
+  SpecOptions options;
+  options.one_head_layout = one_head_layout;
+  for (const std::string& spec : specs) {
+    apply_mask_spec(spec, parsed.mask, parsed.mods, "--mask " + spec, options);
+  }
+  return parsed;
+}
+
+Options call_options(const std::optional<double>& scale, int threads, const std::string& kernel) {
+  Options options;
+  options.scale = scale;
+  options.threads = threads;
+  options.kernel = kernel_named(kernel);
+  return options;
 }
 
 }  // namespace maskattn::cli

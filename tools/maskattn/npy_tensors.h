@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,22 @@ DType choose_dtype(const std::string& requested, const std::vector<const InputTe
 
 // "auto" | "reference" | "fused".
 Kernel kernel_named(const std::string& name);
+// "f32" | "f16" | "bf16" (the flags' choices are checked by CLI11).
+DType dtype_named(const std::string& name);
+
+// Throws unless every input has the rank of the first ("give q, k and v in the same layout").
+void require_same_layout(const std::vector<const InputTensor*>& inputs, const std::string& names);
+
+// The --mask SPECs of a command, applied in order; with one-head inputs ([B,L,D] files), 3-D
+// dense files are read as [B,Lq,Lk].
+struct MaskSpecs {
+  Mask mask;
+  ScoreMods mods;
+};
+MaskSpecs parse_mask_specs(const std::vector<std::string>& specs, bool one_head_layout);
+
+// Options from the --scale, --threads and --kernel flags.
+Options call_options(const std::optional<double>& scale, int threads, const std::string& kernel);
 
 // A [B,H,L,W] result in the layout of the file `like` came from: [L,W], [B,L,W] or [B,H,L,W].
 Dims file_layout(const InputTensor& like, const Dims& shape);
