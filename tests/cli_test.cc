@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "maskattn/multihead.h"
 #include "test_util.h"
 
 namespace maskattn {
@@ -334,6 +335,94 @@ TEST(CliGradcheck, PrintsOneLinePerTensorAndFailsAboveTheTolerance) {
   EXPECT_TRUE(contains(fail.out, "FAILED"));
   EXPECT_TRUE(contains(fail.err, "maskattn: error: gradcheck failed: dq max relative error"))
       << fail.err;
+}
+
+// `maskattn mha` against nn.MultiheadAttention: tests/data/make_pytorch_mha.py saved PyTorch
+// layers under their state_dict() names, with inputs and PyTorch's outputs.
+class CliMha : public ::testing::Test {
+ protected:
+  static std::string data(const std::string& name) {
+    return std::string(MASKATTN_SOURCE_DIR) + "/tests/data/pytorch_mha/" + name;
+  }
+  std::string path(const std::string& name) const { return dir_.path(name); }
+  // Max |ours − PyTorch's| after running `arguments` with --out y.npy.
+  float difference_to(const std::string& expected, const std::string& arguments) const {
+    const test::CliResult result = run_cli("mha " + arguments + " --out " + path("y.npy"));
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    if (result.exit_code != 0) return INFINITY;
+    const NpyArray ours = read_npy(path("y.npy"));
+    const NpyArray theirs = read_npy(data(expected));
+    EXPECT_EQ(ours.shape(), theirs.shape());
+    return test::max_error(ours.to_float32("ours"), theirs.to_float32("PyTorch's"));
+  }
+
+  test::TempDir dir_;
+};
+
+TEST_F(CliMha, PortsPyTorchLayersUnchanged) {
+  const std::string self = "--query " + data("x.npy") + " --heads 4 --weights " + data("packed");
+  EXPECT_LE(difference_to("self_causal_padded.npy",
+                          self + " --mask causal --mask key-blocked:" + data("key_padding.npy")),
+            1e-6f);
+  EXPECT_LE(difference_to("self_causal.npy", self + " --mask causal"), 1e-6f);
+  EXPECT_LE(difference_to("cross.npy", self + " --key " + data("memory.npy") + " --value " +
+                                           data("memory.npy") +
+                                           " --mask key-blocked:" + data("memory_padding.npy")),
+            1e-6f);
+  // kdim/vdim ≠ E: q/k/v_proj_weight files, no biases.
+  EXPECT_LE(
+      difference_to("cross_separate.npy",
+                    "--query " + data("x.npy") + " --key " + data("keys10.npy") + " --value " +
+                        data("values12.npy") + " --heads 4 --weights " + data("separate")),
+      1e-6f);
+}
+
+TEST_F(CliMha, IncrementalDecodingEqualsTheCausalForward) {
+  const std::string self = "--query " + data("x.npy") + " --heads 4 --weights " + data("packed");
+  EXPECT_LE(difference_to("self_causal.npy", self + " --incremental"), 1e-5f);
+  EXPECT_LE(difference_to("self_causal.npy", self + " --incremental --kernel reference"), 1e-5f);
+  // A bf16 cache and bf16 attention: within bf16's rounding of the f32 result.
+  EXPECT_LE(difference_to("self_causal.npy", self + " --incremental --dtype bf16"), 5e-2f);
+}
+
+TEST_F(CliMha, GroupedQueryAttentionAndBadArgumentsAreClearErrors) {
+  // A GQA layer (kv_heads 2) saved by the library runs from the command line.
+  const MultiHeadAttention layer = MultiHeadAttention::random(16, 4, 2, 7);
+  layer.save(path("gqa"));
+  const std::vector<float> x = read_npy(data("x.npy")).to_float32("x");
+  std::vector<float> expected(x.size());
+  layer.forward(TensorView(x.data(), {2, 6, 16}), TensorView(x.data(), {2, 6, 16}),
+                TensorView(x.data(), {2, 6, 16}), MutableTensorView(expected.data(), {2, 6, 16}),
+                Mask().causal());
+  const test::CliResult gqa =
+      run_cli("mha --query " + data("x.npy") + " --weights " + path("gqa") +
+              " --heads 4 --kv-heads 2 --mask causal --out " + path("y.npy"));
+  ASSERT_EQ(gqa.exit_code, 0) << gqa.err;
+  EXPECT_EQ(read_npy(path("y.npy")).to_float32("y"), expected);
+
+  const std::string base = "mha --query " + data("x.npy") + " --out " + path("bad.npy");
+  const auto error_of = [&](const std::string& arguments) {
+    const test::CliResult result = run_cli(base + " " + arguments);
+    EXPECT_EQ(result.exit_code, 1) << arguments;
+    EXPECT_FALSE(std::filesystem::exists(path("bad.npy"))) << arguments;
+    return result.err;
+  };
+  EXPECT_TRUE(contains(error_of("--weights " + data("packed") + " --heads 3"),
+                       "in_proj_weight.npy has shape [48,16]; with heads 3 and kv_heads 3"));
+  EXPECT_TRUE(contains(error_of("--weights " + path("nowhere") + " --heads 4"),
+                       "weights directory '" + path("nowhere") + "' does not exist"));
+  EXPECT_TRUE(
+      contains(error_of("--weights " + data("packed") + " --heads 4 --key " + data("memory.npy")),
+               "--key and --value go together"));
+  EXPECT_TRUE(contains(error_of("--weights " + data("separate") + " --heads 4"),
+                       "key has shape [2,6,16] but the layer's k_weight [16,10] takes 10"));
+  EXPECT_TRUE(contains(error_of("--weights " + data("packed") +
+                                " --heads 4 --mask key-blocked:" + data("memory_padding.npy")),
+                       "memory_padding.npy has shape [2,9]; expected [B,Lk] = [2,6]"));
+  EXPECT_TRUE(
+      contains(error_of("--weights " + data("packed") +
+                        " --heads 4 --incremental --mask key-blocked:" + data("key_padding.npy")),
+               "(--incremental step 0: 1 query over 1 cached keys;"));
 }
 
 }  // namespace

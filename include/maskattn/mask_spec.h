@@ -1,6 +1,6 @@
 // Mask and modifier SPEC strings, as the CLI's --mask takes them (docs/cli.md lists them all):
 //   causal  causal:top-left  window:LEFT:RIGHT  sliding-window:W  chunk:C  prefix:P
-//   key-lengths:FILE  key-starts:FILE  key-keep:FILE  pad-id:ID:FILE
+//   key-lengths:FILE  key-starts:FILE  key-keep:FILE  key-blocked:FILE  pad-id:ID:FILE
 //   query-lengths:FILE  query-starts:FILE  query-keep:FILE  query-pad-id:ID:FILE
 //   segments:FILE  segments:QFILE:KFILE  spans:FILE  spans:QFILE:KFILE
 //   keep:FILE  blocked:FILE  additive:FILE

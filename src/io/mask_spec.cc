@@ -60,6 +60,7 @@ class SpecParser {
     if (kind_ == "key-lengths") return component([&] { mask_.key_lengths(vector_file(one())); });
     if (kind_ == "key-starts") return component([&] { mask_.key_starts(vector_file(one())); });
     if (kind_ == "key-keep") return component([&] { mask_.key_keep(int_file(one(), 2)); });
+    if (kind_ == "key-blocked") return component([&] { mask_.key_keep(key_blocked(one())); });
     if (kind_ == "pad-id") return pad_id(Side::key);
     if (kind_ == "query-lengths") {
       return component([&] { mask_.query_lengths(vector_file(one())); });
@@ -82,7 +83,8 @@ class SpecParser {
     }
     fail("unknown kind '" + kind_ +
          "'; known: causal, window, sliding-window, chunk, prefix, key-lengths, key-starts, "
-         "key-keep, pad-id, query-lengths, query-starts, query-keep, query-pad-id, segments, "
+         "key-keep, key-blocked, pad-id, query-lengths, query-starts, query-keep, query-pad-id, "
+         "segments, "
          "spans, keep, blocked, additive, alibi, softcap, sinks, threshold, bias");
   }
 
@@ -215,6 +217,21 @@ class SpecParser {
     return Array<int64_t>(array.shape(), array.to_int64(path));
   }
 
+  // nn.MultiheadAttention's key_padding_mask polarity, [B,Lk] with 1 = padding, as key_keep.
+  Array<int64_t> key_blocked(const std::string& path) const {
+    const Array<int64_t> blocked = int_file(path, 2);
+    std::vector<int64_t> keep(blocked.values().size());
+    for (size_t n = 0; n < keep.size(); ++n) {
+      const int64_t value = blocked.values()[n];
+      if (value != 0 && value != 1) {
+        fail(path + " holds " + std::to_string(value) + " at flat index " + std::to_string(n) +
+             "; key-blocked masks hold only 0 and 1 (1 = padding)");
+      }
+      keep[n] = 1 - value;
+    }
+    return Array<int64_t>(blocked.shape(), std::move(keep));
+  }
+
   Array<uint8_t> bool_file(const std::string& path) const {
     const NpyArray array = load(path);
     if (array.is_float()) {
@@ -271,6 +288,7 @@ const char* mask_spec_help() {
   key-lengths:FILE        [B] ints: keys j < len[b] are real (right padding)
   key-starts:FILE         [B] ints: keys j >= start[b] are real (left padding; positions shift)
   key-keep:FILE           [B,Lk] 0/1: 1 = real key (HF attention_mask)
+  key-blocked:FILE        [B,Lk] 0/1: 1 = padding (PyTorch key_padding_mask)
   pad-id:ID:FILE          [B,Lk] token ids: keys whose id == ID are padding
   query-lengths:FILE      [B] ints: queries i >= len[b] are padding (their rows output 0)
   query-starts:FILE, query-keep:FILE, query-pad-id:ID:FILE   the other query padding forms

@@ -36,6 +36,7 @@
 #include "core/element.h"
 #include "kernels/fused_backward_block.h"
 #include "kernels/fused_block.h"
+#include "kernels/product-inl.h"
 #include "kernels/simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -47,82 +48,6 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
 constexpr int64_t T = kBackwardTile;
-
-// Which products may meet a non-finite value next to a zero weight: guard with A ≠ 0 (the
-// broadcast scalar) or with B ≠ 0 (the lanes).
-enum class Guard { none, a, b };
-
-// C[r][x] (+)= Σ_{p<inner} A[r·a_row + p·a_col]·B[p·b_stride + x] for kRows rows and kVectors
-// vectors of x.
-template <int kRows, int kVectors, Guard kGuard>
-HWY_INLINE void ProductBlock(const float* a, int64_t a_row, int64_t a_col, int64_t inner,
-                             const float* b, int64_t b_stride, bool accumulate,
-                             float* HWY_RESTRICT c, int64_t c_stride) {
-  const DF df;
-  const size_t N = hn::Lanes(df);
-  const VF zero = hn::Zero(df);
-  VF acc[kRows][kVectors];
-  for (int r = 0; r < kRows; ++r) {
-    for (int x = 0; x < kVectors; ++x) {
-      acc[r][x] = accumulate ? hn::LoadU(df, c + r * c_stride + x * N) : zero;
-    }
-  }
-  for (int64_t p = 0; p < inner; ++p, a += a_col, b += b_stride) {
-    VF bv[kVectors];
-    for (int x = 0; x < kVectors; ++x) bv[x] = hn::LoadU(df, b + x * N);
-    for (int r = 0; r < kRows; ++r) {
-      const float scalar = a[r * a_row];
-      if constexpr (kGuard == Guard::a) {
-        if (scalar == 0.0f) continue;
-      }
-      const VF av = hn::Set(df, scalar);
-      for (int x = 0; x < kVectors; ++x) {
-        if constexpr (kGuard == Guard::b) {
-          acc[r][x] =
-              hn::Add(acc[r][x], hn::IfThenElseZero(hn::Ne(bv[x], zero), hn::Mul(av, bv[x])));
-        } else {
-          acc[r][x] = hn::MulAdd(av, bv[x], acc[r][x]);
-        }
-      }
-    }
-  }
-  for (int r = 0; r < kRows; ++r) {
-    for (int x = 0; x < kVectors; ++x) hn::StoreU(acc[r][x], df, c + r * c_stride + x * N);
-  }
-}
-
-// kRows rows of C, all `vectors` vectors of it: blocks of 4 vectors, then single ones.
-template <int kRows, Guard kGuard>
-HWY_INLINE void ProductRows(const float* a, int64_t a_row, int64_t a_col, int64_t inner,
-                            const float* b, int64_t b_stride, int vectors, bool accumulate,
-                            float* c, int64_t c_stride) {
-  const size_t N = hn::Lanes(DF());
-  int v = 0;
-  for (; v + 4 <= vectors; v += 4, b += 4 * N, c += 4 * N) {
-    ProductBlock<kRows, 4, kGuard>(a, a_row, a_col, inner, b, b_stride, accumulate, c, c_stride);
-  }
-  for (; v < vectors; ++v, b += N, c += N) {
-    ProductBlock<kRows, 1, kGuard>(a, a_row, a_col, inner, b, b_stride, accumulate, c, c_stride);
-  }
-}
-
-// The same for `rows` rows and `width` columns (a multiple of the lane count; widths are head dims
-// or tile sizes, far below 2^31 vectors).
-template <Guard kGuard>
-void Product(const float* a, int64_t a_row, int64_t a_col, int64_t inner, const float* b,
-             int64_t b_stride, int64_t width, bool accumulate, float* c, int64_t c_stride,
-             int64_t rows) {
-  const int vectors = static_cast<int>(width / static_cast<int64_t>(hn::Lanes(DF())));
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    ProductRows<4, kGuard>(a + r * a_row, a_row, a_col, inner, b, b_stride, vectors, accumulate,
-                           c + r * c_stride, c_stride);
-  }
-  for (; r < rows; ++r) {
-    ProductRows<1, kGuard>(a + r * a_row, a_row, a_col, inner, b, b_stride, vectors, accumulate,
-                           c + r * c_stride, c_stride);
-  }
-}
 
 void ProductGuarded(bool guarded, Guard kind, const float* a, int64_t a_row, int64_t a_col,
                     int64_t inner, const float* b, int64_t b_stride, int64_t width, bool accumulate,

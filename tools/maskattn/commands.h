@@ -59,6 +59,19 @@ struct AuditArgs {
 };
 int run_audit(const AuditArgs& args);
 
+// maskattn mha: a multi-head attention layer from a weights directory (docs/cli.md).
+struct MhaArgs {
+  std::string query, key, value, weights, out;  // key/value empty = self-attention
+  int64_t heads = 0, kv_heads = 0;
+  std::vector<std::string> masks;
+  bool incremental = false;  // one query at a time through a KV cache (causal)
+  std::optional<double> scale;
+  std::string dtype;  // "" = the files' dtype
+  int threads = 0;
+  std::string kernel = "auto";
+};
+int run_mha(const MhaArgs& args);
+
 int run_example();
 
 struct MaskArgs {

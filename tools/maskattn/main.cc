@@ -1,6 +1,6 @@
-// maskattn: the command-line front end. Subcommands: attend, grad, gradcheck, example, mask, demo.
-// Every failure is one line on stderr and a non-zero exit: 2 for bad command-line syntax, 1 for
-// invalid input (maskattn::Error) or any other failure.
+// maskattn: the command-line front end. Subcommands: attend, grad, gradcheck, audit, example, mask,
+// mha, demo. Every failure is one line on stderr and a non-zero exit: 2 for bad command-line
+// syntax, 1 for invalid input (maskattn::Error) or any other failure.
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
@@ -155,6 +155,37 @@ int main(int argc, char** argv) {
   add_random_input_options(audit_cmd, audit, "1");
   audit_cmd->footer(maskattn::mask_spec_help());
 
+  MhaArgs mha;
+  CLI::App* mha_cmd = app.add_subcommand(
+      "mha", "a multi-head attention layer (PyTorch-named .npy weights) over [B,L,E] inputs");
+  mha_cmd->add_option("--query", mha.query, "queries .npy [B,L,E] (float32/float16)")->required();
+  mha_cmd->add_option("--key", mha.key, "keys .npy [B,Lk,Ek] (cross-attention; with --value)");
+  mha_cmd->add_option("--value", mha.value, "values .npy [B,Lk,Ev] (with --key)");
+  mha_cmd
+      ->add_option("--weights", mha.weights,
+                   "directory of in_proj_weight.npy (or q/k/v_proj_weight.npy), "
+                   "out_proj.weight.npy and optionally in_proj_bias.npy, out_proj.bias.npy")
+      ->required();
+  mha_cmd->add_option("--heads", mha.heads, "query heads")->required()->check(CLI::PositiveNumber);
+  mha_cmd->add_option("--kv-heads", mha.kv_heads, "kv heads (default: --heads)")
+      ->check(CLI::PositiveNumber);
+  mha_cmd->add_option("--out", mha.out, "output .npy [B,L,E] (the query's dtype; f32 for bf16)")
+      ->required();
+  mha_cmd->add_option("--mask", mha.masks, "mask or modifier SPEC; repeat to combine")
+      ->take_all()
+      ->allow_extra_args(false);
+  mha_cmd->add_flag("--incremental", mha.incremental,
+                    "feed the queries one at a time through a KV cache (causal) and write the "
+                    "concatenated outputs");
+  mha_cmd->add_option("--scale", mha.scale, "score scale (default 1/sqrt(head dim))");
+  mha_cmd->add_option("--dtype", mha.dtype, "compute (and cache) in this dtype")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  mha_cmd->add_option("--threads", mha.threads, "threads (default: all cores)")
+      ->check(CLI::Range(1, 1024));
+  mha_cmd->add_option("--kernel", mha.kernel, "auto|reference|fused")
+      ->check(CLI::IsMember({"auto", "reference", "fused"}));
+  mha_cmd->footer(maskattn::mask_spec_help());
+
   std::string demo_heatmaps = "maskattn-demo";
   CLI::App* demo_cmd = app.add_subcommand(
       "demo", "the tour: worked example, padded batch, masks as grids, heatmap files");
@@ -166,7 +197,7 @@ int main(int argc, char** argv) {
     for (const CLI::App* command : app.get_subcommands({})) known |= command->get_name() == argv[1];
     if (!known) {
       return fail(std::string("unknown command '") + argv[1] +
-                      "' (commands: attend, grad, gradcheck, audit, example, mask, demo; see "
+                      "' (commands: attend, grad, gradcheck, audit, example, mask, mha, demo; see "
                       "maskattn --help)",
                   2);
     }
@@ -190,6 +221,7 @@ int main(int argc, char** argv) {
     if (check_cmd->parsed()) return run_gradcheck(check);
     if (app.got_subcommand("example")) return run_example();
     if (mask_cmd->parsed()) return run_mask(mask_args);
+    if (mha_cmd->parsed()) return run_mha(mha);
     if (demo_cmd->parsed()) return run_demo(demo_heatmaps);
   } catch (const maskattn::Error& error) {
     return fail(error.what(), 1);
