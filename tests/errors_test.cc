@@ -9,6 +9,7 @@
 #include <set>
 
 #include "maskattn/gradcheck.h"
+#include "maskattn/multihead.h"
 #include "test_util.h"
 
 namespace maskattn {
@@ -785,6 +786,167 @@ TEST(Errors, E88_AuditSizes) {
                         "audit: 33554432 pairs (B·Hq·Lq·Lk), each key needing one attention call, "
                         "is too many");
   expect_cli_error("audit --mask causal --lq 3", "--lk is required", "", 2);
+}
+
+// ---- layers, caches -------------------------------------------------------------------------
+
+TEST(Errors, E89_KVCacheFull) {
+  KVCache cache(1, 2, 3, 4);
+  const std::vector<float> k(2 * 2 * 4, 0.5f);
+  const TensorView step(k.data(), {1, 2, 2, 4});
+  cache.append(step, step);
+  EXPECT_MASKATTN_ERROR(cache.append(step, step),
+                        "KVCache is full: appending 2 positions to 2 exceeds the capacity 3");
+  EXPECT_EQ(cache.length(), 2);
+  const MultiHeadAttention layer = MultiHeadAttention::random(8, 2, 0, 1);
+  KVCache small = layer.make_cache(1, 2);
+  const std::vector<float> x(3 * 8, 0.25f);
+  std::vector<float> out(3 * 8);
+  EXPECT_MASKATTN_ERROR(layer.forward_cached(TensorView(x.data(), {1, 3, 8}), small,
+                                             MutableTensorView(out.data(), {1, 3, 8})),
+                        "KVCache is full: appending 3 positions to 0 exceeds the capacity 2");
+}
+
+TEST(Errors, E90_KVCacheShapes) {
+  EXPECT_MASKATTN_ERROR(KVCache(1, 0, 8, 4), "KVCache kv_heads must be positive, got 0");
+  KVCache cache(2, 2, 8, 4);
+  const std::vector<float> k(2 * 2 * 1 * 4, 0.5f);
+  EXPECT_MASKATTN_ERROR(
+      cache.append(TensorView(k.data(), {2, 2, 1, 4}), TensorView(k.data(), {2, 1, 2, 4})),
+      "KVCache::append got k [2,2,1,4] and v [2,1,2,4]; the cache expects "
+      "[2,2,1,4] and [2,2,1,4]");
+  EXPECT_MASKATTN_ERROR(cache.set_starts({0}),
+                        "KVCache starts has 1 values but the cache holds 2 sequences");
+  EXPECT_MASKATTN_ERROR(cache.set_starts({0, 8}),
+                        "KVCache starts[1] = 8 is outside the capacity [0, 8)");
+  EXPECT_MASKATTN_ERROR(cache.truncate(1), "KVCache::truncate(1) needs a length in [0, 0]");
+  const MultiHeadAttention layer = MultiHeadAttention::random(8, 2, 1, 1);
+  const std::vector<float> x(2 * 8, 0.25f);
+  std::vector<float> out(2 * 8);
+  EXPECT_MASKATTN_ERROR(layer.forward_cached(TensorView(x.data(), {2, 1, 8}), cache,
+                                             MutableTensorView(out.data(), {2, 1, 8})),
+                        "KVCache [2,2,capacity,4] does not fit query [2,1,8] and this layer "
+                        "(kv_heads 1, head_dim 4); make it with make_cache()");
+}
+
+TEST(Errors, E91_LayerWeightShapes) {
+  const auto weights = [](int64_t q_rows, int64_t k_rows, int64_t out_cols) {
+    LayerWeights w;
+    w.q_weight = Array<float>({q_rows, 8}, std::vector<float>(q_rows * 8));
+    w.k_weight = Array<float>({k_rows, 8}, std::vector<float>(k_rows * 8));
+    w.v_weight = Array<float>({k_rows, 8}, std::vector<float>(k_rows * 8));
+    w.out_weight = Array<float>({8, out_cols}, std::vector<float>(8 * out_cols));
+    return w;
+  };
+  EXPECT_MASKATTN_ERROR(MultiHeadAttention(weights(8, 8, 8), 4, 3),
+                        "MultiHeadAttention needs heads > 0 and kv_heads dividing it; got heads "
+                        "4, kv_heads 3");
+  EXPECT_MASKATTN_ERROR(MultiHeadAttention(weights(8, 8, 8), 3),
+                        "MultiHeadAttention q_weight has 8 rows, not a multiple of heads 3");
+  EXPECT_MASKATTN_ERROR(MultiHeadAttention(weights(8, 6, 8), 4, 2),
+                        "MultiHeadAttention k_weight has shape [6,8]; with kv_heads 2 and "
+                        "head_dim 2");
+  EXPECT_MASKATTN_ERROR(MultiHeadAttention(weights(8, 8, 6), 4),
+                        "MultiHeadAttention out_weight has shape [8,6]; it needs heads · head "
+                        "value dim = 8 columns");
+  LayerWeights one_bias = weights(8, 8, 8);
+  one_bias.q_bias = Array<float>({8}, std::vector<float>(8));
+  EXPECT_MASKATTN_ERROR(MultiHeadAttention(one_bias, 4),
+                        "MultiHeadAttention needs all four biases or none; got 1");
+}
+
+TEST(Errors, E92_LayerInputs) {
+  const MultiHeadAttention layer = MultiHeadAttention::random(8, 2, 0, 1);
+  const std::vector<float> x(2 * 3 * 8, 0.25f);
+  std::vector<float> out(2 * 3 * 8);
+  const TensorView good(x.data(), {2, 3, 8});
+  const TensorView narrow(x.data(), {2, 4, 6});
+  const MutableTensorView y(out.data(), {2, 3, 8});
+  EXPECT_MASKATTN_ERROR(layer.forward(good, narrow, narrow, y),
+                        "key has shape [2,4,6] but the layer's k_weight [8,8] takes 8 features "
+                        "per token");
+  EXPECT_MASKATTN_ERROR(
+      layer.forward(good, good, TensorView(x.data(), {2, 2, 8}), y),
+      "query [2,3,8], key [2,3,8] and value [2,2,8] must share B, and key and value their length");
+  EXPECT_MASKATTN_ERROR(layer.forward(good, good, good, MutableTensorView(out.data(), {2, 8, 3})),
+                        "out has shape [2,8,3] but must be [2,3,8]");
+  EXPECT_MASKATTN_ERROR(
+      layer.forward(good, good, good, MutableTensorView(const_cast<float*>(x.data()), {2, 3, 8})),
+      "shares memory with query");
+}
+
+TEST(Errors, E93_WeightFiles) {
+  test::TempDir dir;
+  EXPECT_MASKATTN_ERROR(
+      MultiHeadAttention::load(dir.path("none"), 2),
+      "weights directory '" + dir.path("none") + "' does not exist or is not a directory");
+  EXPECT_MASKATTN_ERROR(MultiHeadAttention::load(dir.root(), 2),
+                        "weights directory '" + dir.root() +
+                            "' has neither in_proj_weight.npy nor q_proj_weight.npy");
+  write_npy(dir.path("in_proj_weight.npy"),
+            NpyArray::from_floats(std::vector<float>(24 * 8), {24, 8}));
+  EXPECT_MASKATTN_ERROR(MultiHeadAttention::load(dir.root(), 2),
+                        "weights directory '" + dir.root() + "' has no out_proj.weight.npy");
+  EXPECT_MASKATTN_ERROR(MultiHeadAttention::load(dir.root(), 3, 1),
+                        "in_proj_weight.npy has shape [24,8]; with heads 3 and kv_heads 1 its "
+                        "rows must be (heads + 2·kv_heads)·head_dim");
+  write_npy(dir.path("out_proj.weight.npy"),
+            NpyArray::from_floats(std::vector<float>(8 * 8), {8, 8}));
+  write_npy(dir.path("in_proj_bias.npy"), NpyArray::from_floats(std::vector<float>(24), {24}));
+  EXPECT_MASKATTN_ERROR(MultiHeadAttention::load(dir.root(), 2),
+                        "must hold both in_proj_bias.npy and out_proj.bias.npy, or neither");
+  write_npy(dir.path("out_proj.bias.npy"), NpyArray::from_floats(std::vector<float>(8), {8, 1}));
+  EXPECT_MASKATTN_ERROR(MultiHeadAttention::load(dir.root(), 2),
+                        "out_proj.bias.npy has shape [8,1]; expected a vector");
+}
+
+TEST(Errors, E94_LayerBackwardInputs) {
+  const MultiHeadAttention layer = MultiHeadAttention::random(8, 2, 0, 1);
+  const std::vector<float> x(3 * 8, 0.25f);
+  std::vector<float> out(3 * 8);
+  const TensorView input(x.data(), {1, 3, 8});
+  LayerActivations saved;
+  layer.forward(input, input, input, MutableTensorView(out.data(), {1, 3, 8}), {}, {}, {}, &saved);
+  LayerActivations truncated = saved;
+  truncated.lse.pop_back();
+  EXPECT_MASKATTN_ERROR(layer.backward(truncated, input),
+                        "MultiHeadAttention::backward needs the activations this layer's "
+                        "forward() saved");
+  EXPECT_MASKATTN_ERROR(layer.backward(saved, TensorView(x.data(), {1, 8, 3})),
+                        "dout has shape [1,8,3] but the layer's output is [1,3,8]");
+  LayerOptions bf16;
+  bf16.dtype = DType::bf16;
+  EXPECT_MASKATTN_ERROR(layer.backward(saved, input, {}, {}, bf16),
+                        "MultiHeadAttention::backward got options.dtype bf16 but forward() ran "
+                        "in f32");
+}
+
+TEST(Errors, E95_MhaCommandArguments) {
+  CliFiles files;
+  MultiHeadAttention::random(4, 2, 0, 1).save(files.dir.path("w"));
+  const std::string base = "mha --query " + files.dir.path("q.npy") + " --weights " +
+                           files.dir.path("w") + " --heads 2 --out " + files.dir.path("y.npy");
+  expect_cli_error(base + " --key " + files.dir.path("q.npy"),
+                   "--key and --value go together: give both (cross-attention) or neither",
+                   files.dir.path("y.npy"));
+  expect_cli_error(
+      base + " --incremental --key " + files.dir.path("q.npy") + " --value " +
+          files.dir.path("q.npy"),
+      "--incremental decodes self-attention through a KV cache; it takes no --key/--value",
+      files.dir.path("y.npy"));
+  files.write("q4.npy", NpyArray::from_floats(std::vector<float>(12), {1, 1, 3, 4}));
+  expect_cli_error("mha --query " + files.dir.path("q4.npy") + " --weights " + files.dir.path("w") +
+                       " --heads 2 --out " + files.dir.path("y.npy"),
+                   "has shape [1,1,3,4]; mha inputs are [B,L,E] (or [L,E])",
+                   files.dir.path("y.npy"));
+}
+
+TEST(Errors, E96_KeyBlockedValues) {
+  CliFiles files;
+  const std::string blocked = files.write("b.npy", NpyArray::from_int64({0, 2, 1}, {1, 3}));
+  expect_cli_error(files.attend("--mask key-blocked:" + blocked),
+                   "holds 2 at flat index 1; key-blocked masks hold only 0 and 1 (1 = padding)",
+                   files.dir.path("out.npy"));
 }
 
 // ---- the document and the tests agree ------------------------------------------------------
