@@ -82,6 +82,12 @@ TEST(CliDemo, EverySequenceMatchesItsUnpaddedRun) {
   EXPECT_TRUE(contains(result.out, "[[1.000, 0.000, 0.000],"));  // the worked example came first
   EXPECT_TRUE(contains(result.out, "<pad>"));
   EXPECT_TRUE(contains(result.out, "Padding changed nothing"));
+  // Part 3: the layer over both pad sides, and generation through the KV cache.
+  EXPECT_TRUE(contains(result.out, "<pad> <pad> <bos> hello <eos>")) << result.out;
+  EXPECT_TRUE(contains(result.out, "right- vs left-padded batch: max |diff| = 0")) << result.out;
+  EXPECT_TRUE(contains(result.out, "step 3 (generated:")) << result.out;
+  EXPECT_TRUE(contains(result.out, "each prompt generated alone: the same tokens")) << result.out;
+  EXPECT_TRUE(contains(result.out, "KV-cache decoding matches the full forward")) << result.out;
 }
 
 TEST(CliHelp, ListsCommandsAndSpecs) {

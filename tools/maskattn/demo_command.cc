@@ -1,12 +1,13 @@
-// maskattn demo: the newcomer's tour. Part 1 is the worked example; part 2 builds a padded batch
-// of three sentences with <bos>/<eos>/<pad>, shows the padding, causal and combined masks, and
-// checks that every sequence's output in the batch equals the output computed for it alone; part 3
-// writes the mask and the weights as heatmaps.
+// maskattn demo: the newcomer's tour. Part 1 is the worked example; part 2 turns three sentences
+// into tokens with special tokens, pads them into a batch (right and left), shows the masks as
+// grids and checks that every sequence's output in the batch equals its output alone; part 3 runs
+// a multi-head attention layer over the batch and generates with a KV cache, printing the max
+// difference to the full forward; part 4 writes the mask and the weights as heatmaps.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,52 +15,23 @@
 #include "commands.h"
 #include "maskattn/attention.h"
 #include "maskattn/heatmap.h"
+#include "maskattn/multihead.h"
+#include "maskattn/tokens.h"
 #include "print.h"
 
 namespace maskattn::cli {
 
 namespace {
 
-// The demo's own small vocabulary: special tokens first, words numbered as they appear.
-constexpr int64_t kPad = 0, kBos = 1, kEos = 2;
-constexpr int64_t kDim = 8;
-
-struct Batch {
-  std::vector<std::vector<std::string>> tokens;  // per sequence, with <bos>/<eos>, unpadded
-  std::vector<int64_t> ids;                      // [B, L], right-padded with <pad>
-  int64_t length = 0;
-};
-
-Batch make_batch(const std::vector<std::string>& sentences) {
-  std::map<std::string, int64_t> vocabulary = {{"<pad>", kPad}, {"<bos>", kBos}, {"<eos>", kEos}};
-  Batch batch;
-  std::vector<std::vector<int64_t>> sequences;
-  for (const std::string& sentence : sentences) {
-    std::vector<std::string> tokens = {"<bos>"};
-    std::istringstream words(sentence);
-    for (std::string word; words >> word;) tokens.push_back(word);
-    tokens.push_back("<eos>");
-    std::vector<int64_t> ids;
-    for (const std::string& token : tokens) {
-      const auto [entry, inserted] =
-          vocabulary.emplace(token, static_cast<int64_t>(vocabulary.size()));
-      ids.push_back(entry->second);
-    }
-    batch.length = std::max<int64_t>(batch.length, static_cast<int64_t>(ids.size()));
-    batch.tokens.push_back(std::move(tokens));
-    sequences.push_back(std::move(ids));
-  }
-  for (std::vector<int64_t>& ids : sequences) {
-    ids.resize(batch.length, kPad);
-    batch.ids.insert(batch.ids.end(), ids.begin(), ids.end());
-  }
-  return batch;
-}
+constexpr int64_t kDim = 8;        // part 2: one head, Q = K = V = embeddings
+constexpr int64_t kModel = 16;     // part 3: the layer's width
+constexpr int64_t kGenerated = 3;  // part 3: tokens generated through the cache
+constexpr double kCacheTolerance = 1e-5;
 
 // A fixed pseudo-random embedding per token id (splitmix64), values in [-1, 1] on a 1/64 grid so
 // that they are exact in every dtype.
-std::vector<float> embedding(int64_t id) {
-  std::vector<float> vector(kDim);
+std::vector<float> embedding(int64_t id, int64_t dim) {
+  std::vector<float> vector(dim);
   uint64_t state = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(id + 1);
   for (float& value : vector) {
     state += 0x9E3779B97F4A7C15ull;
@@ -72,40 +44,255 @@ std::vector<float> embedding(int64_t id) {
   return vector;
 }
 
-std::vector<std::string> padded_tokens(const Batch& batch, int64_t b) {
-  std::vector<std::string> tokens = batch.tokens[b];
-  tokens.resize(batch.length, "<pad>");
-  return tokens;
+// [B, L, dim] embeddings of a batch's ids (<pad> gets one too: the masks must make it irrelevant).
+std::vector<float> embed(const Array<int64_t>& ids, int64_t dim) {
+  std::vector<float> x;
+  for (const int64_t id : ids.values()) {
+    const std::vector<float> e = embedding(id, dim);
+    x.insert(x.end(), e.begin(), e.end());
+  }
+  return x;
 }
 
-void show_grid(const std::string& title, const Mask& mask, const Batch& batch, int64_t b) {
-  const int64_t batch_size = static_cast<int64_t>(batch.tokens.size());
-  const Array<uint8_t> slice =
-      allowed_pairs(mask, {batch_size, 1, batch.length, batch.length}, b, 0);
+std::vector<std::string> row_tokens(const Vocabulary& vocabulary, const TokenBatch& batch,
+                                    int64_t b) {
+  const int64_t length = batch.ids.dim(1);
+  return vocabulary.decode(
+      std::vector<int64_t>(batch.ids.data() + b * length, batch.ids.data() + (b + 1) * length));
+}
+
+void show_batch(const Vocabulary& vocabulary, const TokenBatch& batch) {
+  const int64_t length = batch.ids.dim(1);
+  for (int64_t b = 0; b < batch.ids.dim(0); ++b) {
+    std::string ids, words;
+    for (int64_t t = 0; t < length; ++t) ids += fmt::format("{:>3}", batch.ids.at(b, t));
+    for (const std::string& token : row_tokens(vocabulary, batch, b)) words += token + " ";
+    fmt::print("  {}: ids [{} ]   {}\n", b, ids, words);
+  }
+}
+
+void show_grid(const std::string& title, const Mask& mask, const Vocabulary& vocabulary,
+               const TokenBatch& batch, int64_t b) {
+  const int64_t length = batch.ids.dim(1);
+  const Array<uint8_t> slice = allowed_pairs(mask, {batch.ids.dim(0), 1, length, length}, b, 0);
   fmt::print("{}\n", title);
-  print_grid(slice.values(), batch.length, batch.length, padded_tokens(batch, b));
+  print_grid(slice.values(), length, length, row_tokens(vocabulary, batch, b));
   fmt::print("\n");
 }
 
-// Part 3: the combined mask and the weights as heatmap files in `directory`.
-void write_demo_heatmaps(const std::string& directory, const Batch& batch, const Mask& combined,
-                         const std::vector<float>& x) {
+double max_abs_difference(const float* a, const float* b, int64_t count) {
+  double result = 0.0;
+  for (int64_t n = 0; n < count; ++n) result = std::max(result, std::fabs(double{a[n]} - b[n]));
+  return result;
+}
+
+// Part 2: one head of attention over the right-padded batch against each sequence alone.
+bool check_padded_batch(const TokenBatch& batch) {
+  const int64_t batch_size = batch.ids.dim(0), length = batch.ids.dim(1);
+  const std::vector<float> x = embed(batch.ids, kDim);
+  std::vector<float> batched(x.size());
+  const TensorView x_view(x.data(), {batch_size, 1, length, kDim});
+  attention(x_view, x_view, x_view,
+            MutableTensorView(batched.data(), {batch_size, 1, length, kDim}),
+            batch.decoder_self_attention());
+  fmt::print(
+      "Attention output (d={}, Q = K = V = token embeddings): batched vs each sequence alone\n",
+      kDim);
+  bool all_equal = true;
+  for (int64_t b = 0; b < batch_size; ++b) {
+    const int64_t real = batch.lengths[b];
+    const float* row = batched.data() + b * length * kDim;
+    const std::vector<float> x_alone(x.begin() + b * length * kDim,
+                                     x.begin() + (b * length + real) * kDim);
+    std::vector<float> alone(x_alone.size());
+    const TensorView alone_view(x_alone.data(), {1, 1, real, kDim});
+    attention(alone_view, alone_view, alone_view,
+              MutableTensorView(alone.data(), {1, 1, real, kDim}), Mask().causal());
+    const double pad_max = max_abs_difference(
+        row + real * kDim, std::vector<float>(length * kDim).data(), (length - real) * kDim);
+    const bool equal = std::equal(alone.begin(), alone.end(), row);
+    all_equal = all_equal && equal && pad_max == 0.0;
+    const std::string pad_note =
+        real < length ? fmt::format("its {} <pad> rows have max |O| = {:g}", length - real, pad_max)
+                      : "no <pad> rows";
+    fmt::print("  sequence {}: {} real tokens, max |batched - alone| = {:g} ({}); {}\n", b, real,
+               max_abs_difference(alone.data(), row, real * kDim),
+               equal ? "bitwise equal" : "DIFFERENT", pad_note);
+  }
+  const int64_t last = batch_size - 1;
+  fmt::print("\n");
+  print_matrix(
+      fmt::format("Output of sequence {} in the batch (rows {}-{} are <pad> queries: zero)", last,
+                  batch.lengths[last], length - 1),
+      std::vector<double>(batched.begin() + last * length * kDim, batched.end()), length, kDim);
+  return all_equal;
+}
+
+// Greedy next token after `last`: the word whose embedding has the largest dot product with the
+// residual stream, embedding(last) + layer output (tied embeddings). The layer is untrained, so
+// the words are arbitrary; what the demo shows is that cached decoding reproduces the full forward.
+int64_t next_token(int64_t last, const float* y, const Vocabulary& vocabulary) {
+  const std::vector<float> residual = embedding(last, kModel);
+  int64_t best = kMaskId + 1;
+  double best_score = -INFINITY;
+  for (int64_t id = kMaskId + 1; id < vocabulary.size(); ++id) {
+    const std::vector<float> e = embedding(id, kModel);
+    double score = 0.0;
+    for (int64_t n = 0; n < kModel; ++n) score += (double{y[n]} + residual[n]) * e[n];
+    if (score > best_score) best_score = score, best = id;
+  }
+  return best;
+}
+
+// Prefill the prompts (left padded, one chunk) into a cache, then generate kGenerated tokens one
+// at a time. Returns every output row, [B, L + kGenerated, E], and appends the tokens to `ids`.
+std::vector<float> generate(const MultiHeadAttention& layer, const TokenBatch& prompts,
+                            const Vocabulary& vocabulary, DType cache_dtype,
+                            std::vector<std::vector<int64_t>>& ids) {
+  const int64_t batch_size = prompts.ids.dim(0), length = prompts.ids.dim(1);
+  const int64_t total = length + kGenerated;
+  KVCache cache = layer.make_cache(batch_size, total, cache_dtype);
+  cache.set_starts(prompts.starts);
+  std::vector<float> y(batch_size * total * kModel);
+  const std::vector<float> x = embed(prompts.ids, kModel);
+  layer.forward_cached(
+      TensorView(x.data(), {batch_size, length, kModel}), cache,
+      MutableTensorView(y.data(), {batch_size, length, kModel}, {total * kModel, kModel, 1}));
+  for (int64_t t = length; t < total; ++t) {
+    std::vector<float> step;
+    for (int64_t b = 0; b < batch_size; ++b) {
+      const int64_t token =
+          next_token(ids[b].back(), y.data() + (b * total + t - 1) * kModel, vocabulary);
+      ids[b].push_back(token);
+      const std::vector<float> e = embedding(token, kModel);
+      step.insert(step.end(), e.begin(), e.end());
+    }
+    layer.forward_cached(TensorView(step.data(), {batch_size, 1, kModel}), cache,
+                         MutableTensorView(y.data() + t * kModel, {batch_size, 1, kModel},
+                                           {total * kModel, kModel, 1}));
+  }
+  return y;
+}
+
+// Part 3: a GQA layer over the left- and right-padded batches, then generation with a KV cache.
+bool run_layer_and_cache(const Vocabulary& vocabulary,
+                         const std::vector<std::vector<int64_t>>& sequences) {
+  const MultiHeadAttention layer = MultiHeadAttention::random(kModel, 4, 2, 2026);
+  fmt::print(
+      "A multi-head attention layer: E={}, {} query heads sharing {} kv heads (GQA), head dim {},\n"
+      "W_q, W_k, W_v, W_o with biases (seeded like nn.Linear). Inputs are [B, L, E] token "
+      "embeddings.\n\n",
+      kModel, layer.heads(), layer.kv_heads(), layer.head_dim());
+  const TokenBatch right = collate(sequences, PadSide::right);
+  const TokenBatch left = collate(sequences, PadSide::left);
+  const int64_t batch_size = right.ids.dim(0), length = right.ids.dim(1);
+  const auto forward = [&](const TokenBatch& batch) {
+    const std::vector<float> x = embed(batch.ids, kModel);
+    const int64_t width = batch.ids.dim(1);
+    std::vector<float> y(x.size());
+    const TensorView view(x.data(), {batch_size, width, kModel});
+    layer.forward(view, view, view, MutableTensorView(y.data(), {batch_size, width, kModel}),
+                  batch.decoder_self_attention());
+    return y;
+  };
+  const std::vector<float> y_right = forward(right), y_left = forward(left);
+  double side_diff = 0.0;
+  for (int64_t b = 0; b < batch_size; ++b) {
+    side_diff = std::max(side_diff,
+                         max_abs_difference(y_right.data() + b * length * kModel,
+                                            y_left.data() + (b * length + left.starts[b]) * kModel,
+                                            right.lengths[b] * kModel));
+  }
+  fmt::print("Layer output of the real tokens, right- vs left-padded batch: max |diff| = {:g}\n\n",
+             side_diff);
+
+  fmt::print(
+      "Generation with a KV cache [B={}, Hkv={}, capacity={}, D={}]: the left-padded prompts are\n"
+      "prefilled in one chunk, then {} tokens are generated one step at a time; each step's query\n"
+      "is aligned bottom-right with the cached keys, and cache.set_starts() hides the <pad> "
+      "columns.\n",
+      batch_size, layer.kv_heads(), length + kGenerated, layer.head_dim(), kGenerated);
+  std::vector<std::vector<int64_t>> extended = sequences;
+  const std::vector<float> cached = generate(layer, left, vocabulary, DType::f32, extended);
+  // The full forward over prompts + generated tokens, left padded the same way.
+  const TokenBatch full_batch = collate(extended, PadSide::left);
+  const std::vector<float> full = forward(full_batch);
+  const int64_t total = length + kGenerated;
+  double prefill_diff = 0.0;
+  std::vector<double> step_diff(kGenerated, 0.0);
+  for (int64_t b = 0; b < batch_size; ++b) {
+    const float* c = cached.data() + b * total * kModel;
+    const float* f = full.data() + b * total * kModel;
+    prefill_diff = std::max(prefill_diff, max_abs_difference(c, f, length * kModel));
+    for (int64_t s = 0; s < kGenerated; ++s) {
+      step_diff[s] = std::max(step_diff[s], max_abs_difference(c + (length + s) * kModel,
+                                                               f + (length + s) * kModel, kModel));
+    }
+  }
+  fmt::print("  prefill ({} positions)   max |cached - full forward| = {:.3g}\n", length,
+             prefill_diff);
+  bool ok = prefill_diff <= kCacheTolerance;
+  for (int64_t s = 0; s < kGenerated; ++s) {
+    std::string words;
+    for (int64_t b = 0; b < batch_size; ++b) {
+      words += (b ? ", " : "") + vocabulary.token(extended[b][sequences[b].size() + s]);
+    }
+    fmt::print("  step {} (generated: {:<24}) max |cached - full forward| = {:.3g}\n", s + 1, words,
+               step_diff[s]);
+    ok = ok && step_diff[s] <= kCacheTolerance;
+  }
+
+  // The same generation for each prompt alone: batching and left padding change nothing.
+  double alone_diff = 0.0;
+  bool same_tokens = true;
+  for (int64_t b = 0; b < batch_size; ++b) {
+    std::vector<std::vector<int64_t>> one = {sequences[b]};
+    const TokenBatch prompt = collate(one, PadSide::left);
+    const std::vector<float> y = generate(layer, prompt, vocabulary, DType::f32, one);
+    same_tokens = same_tokens && one[0] == extended[b];
+    const int64_t offset = left.starts[b];
+    alone_diff = std::max(
+        alone_diff, max_abs_difference(y.data(), cached.data() + (b * total + offset) * kModel,
+                                       (total - offset) * kModel));
+  }
+  fmt::print("  each prompt generated alone: {} tokens, max |alone - batched| = {:.3g}\n",
+             same_tokens ? "the same" : "DIFFERENT", alone_diff);
+  ok = ok && same_tokens && alone_diff <= kCacheTolerance;
+
+  std::vector<std::vector<int64_t>> bf16_ids = sequences;
+  const std::vector<float> bf16 = generate(layer, left, vocabulary, DType::bf16, bf16_ids);
+  fmt::print(
+      "  with a bf16 cache: max |bf16 cached - f32 full forward| = {:.3g} (bf16 keeps 8 "
+      "significant bits)\n",
+      max_abs_difference(bf16.data(), full.data(), batch_size * total * kModel));
+  fmt::print("\n{}\n", ok ? fmt::format("KV-cache decoding matches the full forward (max diff "
+                                        "<= {:g}) and each prompt run alone.",
+                                        kCacheTolerance)
+                          : "MISMATCH: KV-cache decoding differs from the full forward.");
+  return ok;
+}
+
+// Part 4: the combined mask and the weights as heatmap files in `directory`.
+void write_demo_heatmaps(const std::string& directory, const Vocabulary& vocabulary,
+                         const TokenBatch& batch) {
   std::filesystem::create_directories(directory);
-  const int64_t batch_size = static_cast<int64_t>(batch.tokens.size()), length = batch.length;
+  const int64_t batch_size = batch.ids.dim(0), length = batch.ids.dim(1);
+  const Mask combined = batch.decoder_self_attention();
   const MaskShape shape = {batch_size, 1, length, length};
+  const std::vector<float> x = embed(batch.ids, kDim);
   const TensorView x_view(x.data(), {batch_size, 1, length, kDim});
   std::vector<float> weights(batch_size * length * length);
   attention_weights(x_view, x_view,
                     MutableTensorView(weights.data(), {batch_size, 1, length, length}), combined);
   const std::vector<HeatmapPanel> panels = heatmap_panels(allowed_pairs(combined, shape), weights);
-  fmt::print("\n=== Part 3: heatmaps ===\n\n");
+  fmt::print("\n=== Part 4: heatmaps ===\n\n");
   const auto write = [&](const std::string& name, const std::vector<HeatmapPanel>& chosen,
                          const HeatmapLabels& labels, const std::string& what) {
     const std::string path = directory + "/" + name;
     write_heatmap(path, chosen, labels);
     fmt::print("  {:<36} {}\n", path, what);
   };
-  const std::vector<std::string> tokens = padded_tokens(batch, 1);
+  const std::vector<std::string> tokens = row_tokens(vocabulary, batch, 1);
   HeatmapPanel mask_only = panels[1];
   mask_only.weights.clear();
   write("mask-sequence-1.svg", {mask_only}, {tokens, tokens},
@@ -121,87 +308,54 @@ int run_demo(const std::string& heatmap_directory) {
   fmt::print("=== Part 1: the worked example ===\n\n");
   run_example();
 
-  fmt::print("\n=== Part 2: a padded batch ===\n\n");
-  const Batch batch = make_batch({"I love my dog", "the cat sat", "hello"});
-  const int64_t batch_size = static_cast<int64_t>(batch.tokens.size());
-  const int64_t length = batch.length;
-  fmt::print(
-      "Three sentences become token sequences with <bos> and <eos>, right-padded with "
-      "<pad> (id {}) to L={}:\n",
-      kPad, length);
-  for (int64_t b = 0; b < batch_size; ++b) {
-    std::string line;
-    for (int64_t t = 0; t < length; ++t) line += fmt::format("{:>3}", batch.ids[b * length + t]);
-    std::string words;
-    for (const std::string& token : padded_tokens(batch, b)) words += token + " ";
-    fmt::print("  {}: ids [{} ]   {}\n", b, line, words);
+  fmt::print("\n=== Part 2: tokens and a padded batch ===\n\n");
+  const std::vector<std::string> sentences = {"I love my dog", "the cat sat", "hello"};
+  Vocabulary vocabulary;
+  std::vector<std::vector<int64_t>> sequences;
+  for (const std::string& sentence : sentences) {
+    std::istringstream words(sentence);
+    for (std::string word; words >> word;) vocabulary.add(word);
+    sequences.push_back(vocabulary.encode(sentence));
   }
+  fmt::print("Special tokens have fixed ids:");
+  for (int64_t id = 0; id <= kMaskId; ++id) fmt::print(" {}={}", vocabulary.token(id), id);
+  fmt::print(
+      "\nwords are numbered after them; an unknown word becomes <unk>: \"my cat flew\" -> [");
+  const std::vector<int64_t> unknown = vocabulary.encode("my cat flew", false, false);
+  for (size_t n = 0; n < unknown.size(); ++n) fmt::print("{}{}", n ? " " : "", unknown[n]);
+  fmt::print("]\n\n");
+  const TokenBatch right = collate(sequences, PadSide::right);
+  const TokenBatch left = collate(sequences, PadSide::left);
+  fmt::print("The sentences with <bos>/<eos>, right-padded with <pad> to L={} (training):\n",
+             right.ids.dim(1));
+  show_batch(vocabulary, right);
+  fmt::print("\nand left-padded (batched generation: every prompt ends in the last column):\n");
+  show_batch(vocabulary, left);
   fmt::print("\nRows are queries, columns keys; █ = may attend, · = hidden.\n\n");
-
-  const Array<int64_t> ids({batch_size, length}, batch.ids);
-  const Mask padding = Mask().key_pad_id(ids, kPad);
-  const Mask causal = Mask().causal();
-  const Mask combined = Mask().causal().key_pad_id(ids, kPad).query_pad_id(ids, kPad);
   show_grid("Padding mask of sequence 2 (--mask pad-id:0:ids.npy): no query looks at a <pad> key",
-            padding, batch, 2);
-  show_grid("Causal (look-ahead) mask (--mask causal): no query looks at a later key", causal,
-            batch, 2);
+            right.key_padding(), vocabulary, right, 2);
+  show_grid("Causal (look-ahead) mask (--mask causal): no query looks at a later key",
+            Mask().causal(), vocabulary, right, 2);
   show_grid("Combined, sequence 1: causal & key padding & query padding (pad rows see nothing)",
-            combined, batch, 1);
-  show_grid("Combined, sequence 2", combined, batch, 2);
+            right.decoder_self_attention(), vocabulary, right, 1);
+  show_grid(
+      "Combined, sequence 2, left padded: positions count from <bos>, so the causal part "
+      "moves with it",
+      left.decoder_self_attention(), vocabulary, left, 2);
+  const bool batch_ok = check_padded_batch(right);
+  fmt::print("\n{}\n", batch_ok ? "Padding changed nothing: every sequence's real tokens get "
+                                  "exactly the output they get alone."
+                                : "MISMATCH: padding changed a real token's output.");
 
-  // Attention with Q = K = V = the embeddings, batched under the combined mask...
-  std::vector<float> x(batch_size * length * kDim);
-  for (int64_t n = 0; n < batch_size * length; ++n) {
-    const std::vector<float> e = embedding(batch.ids[n]);
-    std::copy(e.begin(), e.end(), x.begin() + n * kDim);
+  fmt::print("\n=== Part 3: a multi-head attention layer and a KV cache ===\n\n");
+  // Prompts end where generation continues: <bos> and the words, no <eos>.
+  std::vector<std::vector<int64_t>> prompts;
+  for (const std::string& sentence : sentences) {
+    prompts.push_back(vocabulary.encode(sentence, true, false));
   }
-  std::vector<float> batched(x.size());
-  const TensorView x_view(x.data(), {batch_size, 1, length, kDim});
-  attention(x_view, x_view, x_view,
-            MutableTensorView(batched.data(), {batch_size, 1, length, kDim}), combined);
-
-  // ...and each sequence alone, unpadded, under a plain causal mask.
-  fmt::print(
-      "Attention output (d={}, Q = K = V = token embeddings): batched vs each sequence "
-      "alone\n",
-      kDim);
-  bool all_equal = true;
-  for (int64_t b = 0; b < batch_size; ++b) {
-    const int64_t real = static_cast<int64_t>(batch.tokens[b].size());
-    const std::vector<float> x_alone(x.begin() + b * length * kDim,
-                                     x.begin() + (b * length + real) * kDim);
-    std::vector<float> alone(x_alone.size());
-    const TensorView alone_view(x_alone.data(), {1, 1, real, kDim});
-    attention(alone_view, alone_view, alone_view,
-              MutableTensorView(alone.data(), {1, 1, real, kDim}), causal);
-    double max_diff = 0.0, pad_max = 0.0;
-    for (int64_t n = 0; n < real * kDim; ++n) {
-      max_diff = std::max(max_diff, std::fabs(double{batched[b * length * kDim + n]} - alone[n]));
-    }
-    for (int64_t n = real * kDim; n < length * kDim; ++n) {
-      pad_max = std::max(pad_max, std::fabs(double{batched[b * length * kDim + n]}));
-    }
-    const bool equal = std::equal(alone.begin(), alone.end(), batched.begin() + b * length * kDim);
-    all_equal = all_equal && equal && pad_max == 0.0;
-    const std::string pad_note =
-        real < length ? fmt::format("its {} <pad> rows have max |O| = {:g}", length - real, pad_max)
-                      : "no <pad> rows";
-    fmt::print("  sequence {}: {} real tokens, max |batched - alone| = {:g} ({}); {}\n", b, real,
-               max_diff, equal ? "bitwise equal" : "DIFFERENT", pad_note);
-  }
-  const int64_t last = batch_size - 1;
-  const int64_t last_real = static_cast<int64_t>(batch.tokens[last].size());
-  fmt::print("\n");
-  print_matrix(
-      fmt::format("Output of sequence {} in the batch (rows {}-{} are <pad> queries: zero)", last,
-                  last_real, length - 1),
-      std::vector<double>(batched.begin() + last * length * kDim, batched.end()), length, kDim);
-  if (!heatmap_directory.empty()) write_demo_heatmaps(heatmap_directory, batch, combined, x);
-  fmt::print("\n{}\n", all_equal ? "Padding changed nothing: every sequence's real tokens get "
-                                   "exactly the output they get alone."
-                                 : "MISMATCH: padding changed a real token's output.");
-  return all_equal ? 0 : 1;
+  const bool cache_ok = run_layer_and_cache(vocabulary, prompts);
+  if (!heatmap_directory.empty()) write_demo_heatmaps(heatmap_directory, vocabulary, right);
+  return batch_ok && cache_ok ? 0 : 1;
 }
 
 }  // namespace maskattn::cli
