@@ -54,6 +54,10 @@ TEST_F(MaskSpec, PaddingFiles) {
             grid(Mask().key_lengths({2, 3}), shape));
   EXPECT_EQ(grid(mask_of({"key-starts:" + starts}), shape), grid(Mask().key_starts({1, 0}), shape));
   EXPECT_EQ(grid(mask_of({"key-keep:" + keep}), shape), grid(Mask().key_lengths({2, 3}), shape));
+  // PyTorch's key_padding_mask polarity: 1 = padding.
+  const std::string blocked = file("blocked.npy", NpyArray::from_bools({0, 0, 1, 0, 0, 0}, {2, 3}));
+  EXPECT_EQ(grid(mask_of({"key-blocked:" + blocked}), shape),
+            grid(Mask().key_lengths({2, 3}), shape));
   EXPECT_EQ(grid(mask_of({"pad-id:0:" + ids}), shape), grid(Mask().key_lengths({2, 3}), shape));
   EXPECT_EQ(grid(mask_of({"query-lengths:" + lengths}), shape),
             grid(Mask().query_lengths({2, 3}), shape));
@@ -129,14 +133,12 @@ TEST_F(MaskSpec, ErrorsNameTheSpec) {
 
 TEST_F(MaskSpec, HelpListsEveryKind) {
   const std::string help = mask_spec_help();
-  for (const char* kind : {"causal",         "window:",       "sliding-window:",
-                           "chunk:",         "prefix:",       "key-lengths:",
-                           "key-starts:",    "key-keep:",     "pad-id:",
-                           "query-lengths:", "query-starts:", "query-keep:",
-                           "query-pad-id:",  "segments:",     "spans:",
-                           "keep:",          "blocked:",      "additive:",
-                           "alibi:",         "softcap:",      "sinks:",
-                           "threshold:",     "bias:"}) {
+  for (const char* kind :
+       {"causal",         "window:",       "sliding-window:", "chunk:",        "prefix:",
+        "key-lengths:",   "key-starts:",   "key-keep:",       "key-blocked:",  "pad-id:",
+        "query-lengths:", "query-starts:", "query-keep:",     "query-pad-id:", "segments:",
+        "spans:",         "keep:",         "blocked:",        "additive:",     "alibi:",
+        "softcap:",       "sinks:",        "threshold:",      "bias:"}) {
     EXPECT_NE(help.find(kind), std::string::npos) << kind;
   }
 }
