@@ -60,8 +60,10 @@ void matmul(const float* a, int64_t a_row, int64_t a_col, int64_t rows, int64_t 
   const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
   const int64_t col_tiles = (cols + kTileCols - 1) / kTileCols;
   const int64_t tiles = row_tiles * col_tiles;
-  // Small products (a decoding step) are not worth waking the thread team for.
-  const bool parallel = tiles > 1 && static_cast<double>(rows) * inner * cols > 1e6;
+  // Small products are not worth waking the thread team for; a decoding step's few rows still are
+  // when B is large (inner × cols floats to stream: the product is bandwidth-bound, not FMA-bound).
+  const bool parallel =
+      tiles > 1 && static_cast<double>(std::max<int64_t>(rows, 4)) * inner * cols > 1e6;
 #pragma omp parallel for schedule(static) if (parallel) \
     num_threads(threads > 0 ? threads : omp_get_max_threads())
   for (int64_t t = 0; t < tiles; ++t) {

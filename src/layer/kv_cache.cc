@@ -1,5 +1,6 @@
 #include "maskattn/kv_cache.h"
 
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -84,6 +85,12 @@ void KVCache::append(const TensorView& k, const TensorView& v) {
         for (int64_t t = 0; t < count; ++t) {
           const int64_t source = from.offset({b, g, t, 0});
           const int64_t target = to.offset({b, g, length_ + t, 0});
+          if (from.dtype() == dtype_ && from.stride(3) == 1) {
+            const size_t size = dtype_size(dtype_);
+            std::memcpy(static_cast<uint8_t*>(to.mutable_data()) + target * size,
+                        static_cast<const uint8_t*>(from.data()) + source * size, width * size);
+            continue;
+          }
           for (int64_t e = 0; e < width; ++e) {
             detail::store_float(to, target + e,
                                 detail::load_float(from, source + e * from.stride(3)));

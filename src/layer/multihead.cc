@@ -466,7 +466,7 @@ void MultiHeadAttention::forward(const TensorView& query, const TensorView& key,
   // The heads' outputs, merged by layout, through the output projection.
   const float* heads = load_as_f32(dtype, o_bytes, o_count, qf);
   const bool direct = is_contiguous_f32(out);
-  std::vector<float>& y = reused<float, LayerBuffers, 4>();
+  std::vector<float>& y = kf;  // dead by now: K went to k_bytes
   if (!direct) y.resize(static_cast<size_t>(batch * q_len * embed_dim_));
   float* rows = direct ? static_cast<float*>(out.mutable_data()) : y.data();
   linear(heads, batch * q_len, heads_ * head_value_dim_, out_weight_t_, w.out_bias, embed_dim_,
