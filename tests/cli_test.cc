@@ -389,6 +389,32 @@ TEST_F(CliMha, IncrementalDecodingEqualsTheCausalForward) {
   EXPECT_LE(difference_to("self_causal.npy", self + " --incremental --kernel reference"), 1e-5f);
   // A bf16 cache and bf16 attention: within bf16's rounding of the f32 result.
   EXPECT_LE(difference_to("self_causal.npy", self + " --incremental --dtype bf16"), 5e-2f);
+
+  // Left padding becomes the cache's starts: key-blocked (PyTorch polarity) or key-starts.
+  write_npy(path("left.npy"), NpyArray::from_bools({1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {2, 6}));
+  write_npy(path("starts.npy"), NpyArray::from_int64({2, 0}, {2}));
+  const test::CliResult full =
+      run_cli("mha " + self + " --mask causal --mask key-starts:" + path("starts.npy") + " --out " +
+              path("full.npy"));
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  const std::vector<float> expected = read_npy(path("full.npy")).to_float32("full");
+  for (const std::string& spec :
+       {"key-blocked:" + path("left.npy"), "key-starts:" + path("starts.npy")}) {
+    const test::CliResult incremental =
+        run_cli("mha " + self + " --incremental --mask " + spec + " --out " + path("inc.npy"));
+    ASSERT_EQ(incremental.exit_code, 0) << incremental.err;
+    EXPECT_LE(test::max_error(read_npy(path("inc.npy")).to_float32("inc"), expected), 1e-6f)
+        << spec;
+  }
+  write_npy(path("holes.npy"), NpyArray::from_bools({0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {2, 6}));
+  const test::CliResult holes =
+      run_cli("mha " + self + " --incremental --mask key-blocked:" + path("holes.npy") + " --out " +
+              path("inc.npy"));
+  EXPECT_EQ(holes.exit_code, 1);
+  EXPECT_TRUE(contains(holes.err,
+                       "sequence 0 has padding at position 1 after a real token; "
+                       "--incremental takes left padding only"))
+      << holes.err;
 }
 
 TEST_F(CliMha, GroupedQueryAttentionAndBadArgumentsAreClearErrors) {
@@ -425,10 +451,10 @@ TEST_F(CliMha, GroupedQueryAttentionAndBadArgumentsAreClearErrors) {
   EXPECT_TRUE(contains(error_of("--weights " + data("packed") +
                                 " --heads 4 --mask key-blocked:" + data("memory_padding.npy")),
                        "memory_padding.npy has shape [2,9]; expected [B,Lk] = [2,6]"));
-  EXPECT_TRUE(
-      contains(error_of("--weights " + data("packed") +
-                        " --heads 4 --incremental --mask key-blocked:" + data("key_padding.npy")),
-               "(--incremental step 0: 1 query over 1 cached keys;"));
+  EXPECT_TRUE(contains(
+      error_of("--weights " + data("packed") +
+               " --heads 4 --incremental --mask key-blocked:" + data("memory_padding.npy")),
+      "memory_padding.npy has shape [2,9]; expected [B,L] = [2,6]"));
 }
 
 }  // namespace

@@ -939,6 +939,16 @@ TEST(Errors, E95_MhaCommandArguments) {
                        " --heads 2 --out " + files.dir.path("y.npy"),
                    "has shape [1,1,3,4]; mha inputs are [B,L,E] (or [L,E])",
                    files.dir.path("y.npy"));
+  const std::string holes = files.write("holes.npy", NpyArray::from_bools({0, 1, 0}, {1, 3}));
+  expect_cli_error(base + " --incremental --mask key-blocked:" + holes,
+                   "sequence 0 has padding at position 1 after a real token; --incremental takes "
+                   "left padding only",
+                   files.dir.path("y.npy"));
+  const std::string all = files.write("all.npy", NpyArray::from_bools({1, 1, 1}, {1, 3}));
+  expect_cli_error(base + " --incremental --mask key-blocked:" + all,
+                   "sequence 0 is all padding; --incremental needs at least one real token per "
+                   "sequence",
+                   files.dir.path("y.npy"));
 }
 
 TEST(Errors, E96_KeyBlockedValues) {

@@ -531,6 +531,34 @@ TEST(MultiHeadAttentionCache, LeftPaddedBatchEqualsEachSequenceAlone) {
   EXPECT_EQ(cache.length(), P + steps);
 }
 
+// A left-padded prompt fed one column at a time: at first the cache holds fewer columns than a
+// sequence's padding spans, and every cached key of that sequence is padding.
+TEST(MultiHeadAttentionCache, LeftPaddedPromptsFedTokenByTokenEqualTheChunkedPrefill) {
+  const int64_t E = 16, P = 6, B = 2;
+  const std::vector<int64_t> starts = {4, 1};
+  const auto layer = MultiHeadAttention::random(E, 4, 2, 111);
+  const std::vector<float> prompt = random_values(B * P * E, 112);
+  KVCache chunked = layer.make_cache(B, P);
+  chunked.set_starts(starts);
+  std::vector<float> expected(B * P * E);
+  layer.forward_cached(TensorView(prompt.data(), {B, P, E}), chunked,
+                       MutableTensorView(expected.data(), {B, P, E}));
+  KVCache cache = layer.make_cache(B, P);
+  cache.set_starts(starts);
+  std::vector<float> out(B * P * E, -7.0f);
+  for (int64_t t = 0; t < P; ++t) {
+    layer.forward_cached(TensorView(prompt.data() + t * E, {B, 1, E}, {P * E, E, 1}), cache,
+                         MutableTensorView(out.data() + t * E, {B, 1, E}, {P * E, E, 1}));
+  }
+  EXPECT_LE(max_error(out, expected), 1e-6f);
+  const float* out_bias = layer.weights().out_bias.data();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < starts[b]; ++t) {
+      EXPECT_TRUE(bitwise_equal(out.data() + (b * P + t) * E, out_bias, E)) << b << " " << t;
+    }
+  }
+}
+
 // ---- padding, GQA, cross-attention and image-text through the layer -----------------------------
 
 TEST(MultiHeadAttention, PaddingSideAndAmountNeverChangeRealTokens) {

@@ -1,5 +1,6 @@
 #include "maskattn/kv_cache.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -115,7 +116,13 @@ TensorView KVCache::values() const {
 Mask KVCache::step_mask() const {
   Mask mask;
   mask.causal(Alignment::bottom_right);
-  if (!starts_.empty()) mask = mask & Mask().key_starts(starts_);
+  if (!starts_.empty()) {
+    // A prompt fed token by token has cached fewer columns than its padding spans at first: its
+    // start is then the end of the filled part (every cached key is padding, and so is the query).
+    std::vector<int64_t> starts = starts_;
+    for (int64_t& start : starts) start = std::min(start, length_);
+    mask = mask & Mask().key_starts(std::move(starts));
+  }
   return mask;
 }
 

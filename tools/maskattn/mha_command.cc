@@ -1,6 +1,7 @@
 // maskattn mha: a multi-head attention layer (weights from a directory of PyTorch-named .npy
 // files) over [B, L, E] inputs. The flags are a fixed contract (docs/cli.md).
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "commands.h"
@@ -20,6 +21,64 @@ InputTensor load_tokens(const std::string& flag, const std::string& path) {
                 "; mha inputs are [B,L,E] (or [L,E])");
   }
   return input;
+}
+
+// --incremental: key padding given as key-starts, key-keep or key-blocked becomes the cache's
+// starts (left padding: each row's padding must be a prefix), because a per-key mask cannot
+// follow a key count that grows by one each step. The other SPECs apply to every step.
+struct IncrementalSpecs {
+  MaskSpecs specs;
+  std::vector<int64_t> starts;  // empty: no padding
+};
+IncrementalSpecs incremental_specs(const std::vector<std::string>& masks, int64_t batch,
+                                   int64_t length) {
+  IncrementalSpecs result;
+  std::vector<std::string> others;
+  for (const std::string& spec : masks) {
+    const std::string kind = spec.substr(0, spec.find(':'));
+    if (kind != "key-starts" && kind != "key-keep" && kind != "key-blocked") {
+      others.push_back(spec);
+      continue;
+    }
+    if (!result.starts.empty()) {
+      throw Error("--mask " + spec + ": --incremental takes one key padding SPEC");
+    }
+    const Mask parsed = parse_mask_specs({spec}, false).mask;
+    const auto& padding = std::get<component::Padding>(parsed.components().front());
+    const std::vector<int64_t>& values = padding.values.values();
+    if (padding.form == component::Padding::Form::starts) {
+      result.starts = values;
+    } else {
+      if (padding.values.shape() != Dims{batch, length}) {
+        throw Error("--mask " + spec + " has shape " + shape_string(padding.values.shape()) +
+                    "; expected [B,L] = " + shape_string({batch, length}));
+      }
+      for (int64_t b = 0; b < batch; ++b) {
+        int64_t start = 0;
+        while (start < length && values[b * length + start] == 0) ++start;
+        for (int64_t t = start; t < length; ++t) {
+          if (values[b * length + t] == 0) {
+            throw Error("--mask " + spec + ": sequence " + std::to_string(b) +
+                        " has padding at position " + std::to_string(t) +
+                        " after a real token; --incremental takes left padding only");
+          }
+        }
+        result.starts.push_back(start);
+      }
+    }
+    if (static_cast<int64_t>(result.starts.size()) != batch) {
+      throw Error("--mask " + spec + " has " + std::to_string(result.starts.size()) +
+                  " sequences but the batch has B=" + std::to_string(batch));
+    }
+    for (size_t b = 0; b < result.starts.size(); ++b) {
+      if (result.starts[b] >= length) {
+        throw Error("--mask " + spec + ": sequence " + std::to_string(b) +
+                    " is all padding; --incremental needs at least one real token per sequence");
+      }
+    }
+  }
+  result.specs = parse_mask_specs(others, false);
+  return result;
 }
 
 TensorView tokens_view(const InputTensor& x) {
@@ -60,7 +119,9 @@ int run_mha(const MhaArgs& args) {
   } else {
     // One query at a time: each step appends its key and value to the cache and attends over
     // everything cached so far (causal, bottom-right), then the outputs are concatenated.
+    const IncrementalSpecs steps = incremental_specs(args.masks, batch, length);
     KVCache cache = layer.make_cache(batch, length, dtype);
+    if (!steps.starts.empty()) cache.set_starts(steps.starts);
     const int64_t width = query.shape[3], embed = layer.embed_dim();
     for (int64_t t = 0; t < length; ++t) {
       const TensorView step(query.values.data() + t * width, {batch, 1, width},
@@ -68,12 +129,11 @@ int run_mha(const MhaArgs& args) {
       const MutableTensorView step_out(static_cast<float*>(out_view.mutable_data()) + t * embed,
                                        {batch, 1, embed}, {length * embed, embed, 1});
       try {
-        layer.forward_cached(step, cache, step_out, specs.mask, specs.mods, options);
+        layer.forward_cached(step, cache, step_out, steps.specs.mask, steps.specs.mods, options);
       } catch (const Error& error) {
         throw Error(std::string(error.what()) + " (--incremental step " + std::to_string(t) +
                     ": 1 query over " + std::to_string(t + 1) +
-                    " cached keys; per-key --mask files must not depend on the key count, use "
-                    "key-starts:FILE for left padding)");
+                    " cached keys; a --mask file must not depend on the key count)");
       }
     }
   }
