@@ -406,6 +406,28 @@ TEST_F(CliMha, IncrementalDecodingEqualsTheCausalForward) {
     EXPECT_LE(test::max_error(read_npy(path("inc.npy")).to_float32("inc"), expected), 1e-6f)
         << spec;
   }
+  // Query padding follows the steps too: each step's query is hidden or not by its own column.
+  write_npy(path("query_lengths.npy"), NpyArray::from_int64({4, 2}, {2}));
+  write_npy(path("ids.npy"), NpyArray::from_int64({0, 0, 5, 6, 7, 8, 0, 9, 9, 9, 9, 9}, {2, 6}));
+  for (const auto& [full_masks, incremental_masks] :
+       {std::pair{"--mask causal --mask query-lengths:" + path("query_lengths.npy") +
+                      " --mask key-starts:" + path("starts.npy"),
+                  "--mask query-lengths:" + path("query_lengths.npy") +
+                      " --mask key-starts:" + path("starts.npy")},
+        std::pair{
+            "--mask causal --mask pad-id:0:" + path("ids.npy") +
+                " --mask query-pad-id:0:" + path("ids.npy"),
+            "--mask pad-id:0:" + path("ids.npy") + " --mask query-pad-id:0:" + path("ids.npy")}}) {
+    ASSERT_EQ(run_cli("mha " + self + " " + full_masks + " --out " + path("full.npy")).exit_code,
+              0);
+    const test::CliResult result = run_cli("mha " + self + " --incremental " + incremental_masks +
+                                           " --out " + path("inc.npy"));
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_LE(test::max_error(read_npy(path("inc.npy")).to_float32("inc"),
+                              read_npy(path("full.npy")).to_float32("full")),
+              1e-6f)
+        << incremental_masks;
+  }
   write_npy(path("holes.npy"), NpyArray::from_bools({0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {2, 6}));
   const test::CliResult holes =
       run_cli("mha " + self + " --incremental --mask key-blocked:" + path("holes.npy") + " --out " +

@@ -892,6 +892,11 @@ TEST(Errors, E93_WeightFiles) {
                         "rows must be (heads + 2·kv_heads)·head_dim");
   write_npy(dir.path("out_proj.weight.npy"),
             NpyArray::from_floats(std::vector<float>(8 * 8), {8, 8}));
+  write_npy(dir.path("bias_k.npy"), NpyArray::from_floats(std::vector<float>(8), {1, 1, 8}));
+  EXPECT_MASKATTN_ERROR(MultiHeadAttention::load(dir.root(), 2),
+                        "holds bias_k.npy: nn.MultiheadAttention's add_bias_kv (a learned key and "
+                        "value appended to every sequence) is not supported");
+  std::filesystem::remove(dir.path("bias_k.npy"));
   write_npy(dir.path("in_proj_bias.npy"), NpyArray::from_floats(std::vector<float>(24), {24}));
   EXPECT_MASKATTN_ERROR(MultiHeadAttention::load(dir.root(), 2),
                         "must hold both in_proj_bias.npy and out_proj.bias.npy, or neither");

@@ -301,6 +301,53 @@ TEST(MultiHeadAttention, RandomIsSeededAndWithinTheLinearBound) {
   for (float w : a.weights().out_bias.values()) ASSERT_LE(std::abs(w), 0.25f);
 }
 
+// LayerOptions::dtype rounds Q, K, V and the heads' outputs: the result moves from the f32 one by
+// about the dtype's rounding (f16 2^-11, bf16 2^-8 relative, on outputs of size ~0.5), and the
+// gradients likewise. Both stay far from what a dtype that is ignored (error ~1e-7) or applied to
+// the wrong tensor would give.
+TEST(MultiHeadAttention, HalfPrecisionComputeStaysWithinTheDtypesRounding) {
+  const Sizes s = self_sizes(2, 6, 16, 4, 2);
+  const auto layer = MultiHeadAttention::random(16, 4, 2, 21);
+  const Inputs in = random_inputs(s, 22, true);
+  const Mask mask = Mask().causal().key_lengths({6, 4});
+  const std::vector<double> expected =
+      oracle(params_of(in, layer.weights()), s, allowed_for(mask, s));
+  const std::vector<float> dout = random_values(s.B * s.Lq * s.E, 23);
+  LayerActivations saved32;
+  run_forward(layer, in, mask, {}, &saved32);
+  const LayerGradients f32 =
+      layer.backward(saved32, TensorView(dout.data(), {s.B, s.Lq, s.E}), mask);
+  for (const auto& [dtype, tolerance] : {std::pair{DType::f16, 4e-3}, {DType::bf16, 3e-2}}) {
+    for (Kernel kernel : kKernels) {
+      LayerOptions options = options_for(kernel);
+      options.dtype = dtype;
+      LayerActivations saved;
+      const double error = max_difference(run_forward(layer, in, mask, options, &saved), expected);
+      EXPECT_LE(error, tolerance) << dtype_name(dtype) << " " << kernel_name(kernel);
+      EXPECT_GT(error, 1e-6) << dtype_name(dtype) << ": the dtype was not applied";
+      const LayerGradients grads =
+          layer.backward(saved, TensorView(dout.data(), {s.B, s.Lq, s.E}), mask, {}, options);
+      EXPECT_LE(max_error(grads.dquery.values(), f32.dquery.values()), 4 * tolerance);
+      EXPECT_LE(max_error(grads.dweights.k_weight.values(), f32.dweights.k_weight.values()),
+                4 * tolerance);
+    }
+  }
+}
+
+// An empty batch is nothing to do, forward and backward.
+TEST(MultiHeadAttention, EmptyBatchGivesEmptyResults) {
+  const auto layer = MultiHeadAttention::random(8, 2, 1, 24);
+  const float* none = nullptr;
+  LayerActivations saved;
+  layer.forward(
+      TensorView(none, {0, 3, 8}), TensorView(none, {0, 3, 8}), TensorView(none, {0, 3, 8}),
+      MutableTensorView(static_cast<float*>(nullptr), {0, 3, 8}), Mask().causal(), {}, {}, &saved);
+  const LayerGradients grads = layer.backward(saved, TensorView(none, {0, 3, 8}), Mask().causal());
+  EXPECT_EQ(grads.dquery.shape(), (Dims{0, 3, 8}));
+  EXPECT_EQ(grads.dweights.q_weight.shape(), (Dims{8, 8}));
+  for (float g : grads.dweights.q_weight.values()) EXPECT_EQ(g, 0.0f);
+}
+
 // ---- backward -----------------------------------------------------------------------------------
 
 struct Field {
@@ -471,6 +518,64 @@ TEST(MultiHeadAttentionCache, Bf16CacheStaysCloseToTheF32Forward) {
   EXPECT_LE(max_error(cached, full), 1e-2f);
   EXPECT_GT(max_error(cached, full), 0.0f);  // the cache did round
   EXPECT_EQ(layer.make_cache(B, T, DType::bf16).keys().dtype(), DType::bf16);
+}
+
+TEST(MultiHeadAttentionCache, F16CacheEqualsTheF16Forward) {
+  // An f16 cache holds what the f16 forward computes with: K and V rounded once, the same sums.
+  const int64_t B = 2, T = 12, E = 32;
+  const auto layer = MultiHeadAttention::random(E, 4, 2, 87);
+  const std::vector<float> x = random_values(B * T * E, 88);
+  LayerOptions f16;
+  f16.dtype = DType::f16;
+  const std::vector<float> full = self_forward(layer, x, B, T, Mask().causal(), f16);
+  const std::vector<float> cached =
+      run_cached(layer, x, B, T, std::vector<int64_t>(T, 1), DType::f16);
+  EXPECT_LE(max_error(cached, full), 1e-3f);
+  EXPECT_EQ(layer.make_cache(B, T, DType::f16).values().dtype(), DType::f16);
+}
+
+// The filled part of a cache's keys, in [B, Hkv, length, D] order.
+std::vector<float> cached_keys(const KVCache& cache) {
+  const TensorView keys = cache.keys();
+  std::vector<float> values;
+  for (int64_t b = 0; b < keys.size(0); ++b) {
+    for (int64_t g = 0; g < keys.size(1); ++g) {
+      for (int64_t t = 0; t < keys.size(2); ++t) {
+        const float* row = static_cast<const float*>(keys.data()) + keys.offset({b, g, t, 0});
+        values.insert(values.end(), row, row + keys.size(3));
+      }
+    }
+  }
+  return values;
+}
+
+TEST(MultiHeadAttentionCache, ARefusedStepLeavesTheCacheAsItWas) {
+  const int64_t B = 2, T = 3, E = 16;
+  const auto layer = MultiHeadAttention::random(E, 4, 2, 89);
+  const std::vector<float> x = random_values(B * T * E, 90);
+  const auto positions = [&](int64_t first, int64_t count) {
+    return TensorView(x.data() + first * E, {B, count, E}, {T * E, E, 1});
+  };
+  std::vector<float> out(B * T * E);
+  KVCache cache = layer.make_cache(B, 8);
+  layer.forward_cached(positions(0, 2), cache, MutableTensorView(out.data(), {B, 2, E}));
+  const std::vector<float> keys_before = cached_keys(cache);
+  // The attention call refuses a second alignment after the position was appended.
+  EXPECT_MASKATTN_ERROR(layer.forward_cached(positions(2, 1), cache,
+                                             MutableTensorView(out.data(), {B, 1, E}),
+                                             Mask().causal(Alignment::top_left)));
+  EXPECT_EQ(cache.length(), 2);
+  EXPECT_EQ(cached_keys(cache), keys_before);
+  // The next step goes where the refused one would have gone, and matches the full forward.
+  std::vector<float> step(B * E);
+  layer.forward_cached(positions(2, 1), cache, MutableTensorView(step.data(), {B, 1, E}));
+  const std::vector<float> full = self_forward(layer, x, B, T, Mask().causal());
+  for (int64_t b = 0; b < B; ++b) {
+    EXPECT_LE(max_error(std::vector<float>(step.begin() + b * E, step.begin() + (b + 1) * E),
+                        std::vector<float>(full.begin() + (b * T + 2) * E,
+                                           full.begin() + (b * T + 3) * E)),
+              1e-6f);
+  }
 }
 
 TEST(MultiHeadAttentionCache, LeftPaddedBatchEqualsEachSequenceAlone) {
@@ -850,6 +955,16 @@ TEST(MultiHeadAttentionFiles, SaveThenLoadReproducesTheLayerBitwise) {
   EXPECT_TRUE(std::filesystem::exists(cross_dir.path("k_proj_weight.npy")));
   EXPECT_TRUE(
       same_weights(MultiHeadAttention::load(cross_dir.root(), 2, 1).weights(), cross.weights()));
+  // So are layers whose value head dim differs from the query head dim, whatever the widths:
+  // the packed form has one head dim.
+  Sizes wide_values = s;
+  wide_values.Ek = wide_values.Ev = wide_values.Eq;
+  const MultiHeadAttention values_layer(hand_weights(wide_values, 164, true), 2, 1);
+  const test::TempDir values_dir;
+  values_layer.save(values_dir.root());
+  EXPECT_FALSE(std::filesystem::exists(values_dir.path("in_proj_weight.npy")));
+  EXPECT_TRUE(same_weights(MultiHeadAttention::load(values_dir.root(), 2, 1).weights(),
+                           values_layer.weights()));
 }
 
 TEST(MultiHeadAttentionFiles, LoadsPyTorchsPackedInProjection) {

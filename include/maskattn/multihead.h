@@ -63,9 +63,9 @@ class MultiHeadAttention {
   // Loads DIR/in_proj_weight.npy [Hq·D + 2·Hkv·D, E] (nn.MultiheadAttention's packed form), or
   // DIR/q_proj_weight.npy, k_proj_weight.npy, v_proj_weight.npy (its kdim/vdim form); plus
   // out_proj.weight.npy and, when present, in_proj_bias.npy and out_proj.bias.npy. float32 or
-  // float16 files.
+  // float16 files. bias_k.npy/bias_v.npy (add_bias_kv) are refused.
   static MultiHeadAttention load(const std::string& directory, int64_t heads, int64_t kv_heads = 0);
-  // Writes the weights in the packed form when Ek = Ev = E, else the separate form.
+  // Writes the weights in the packed form when Ek = Ev = Eq and Dv = D, else the separate form.
   void save(const std::string& directory) const;
 
   // nn.Linear's default initialisation, seeded: every weight and bias uniform in ±1/√in_features.
@@ -94,7 +94,8 @@ class MultiHeadAttention {
   // Decoding and chunked prefill: query [B, T, Eq] holds the next T positions of every sequence.
   // Their keys and values are projected and appended to `cache`, then the T queries attend over
   // the whole cache under cache.step_mask() & mask. T tokens fed at once or one by one give the
-  // same outputs (to rounding). The cache must match the layer's Hkv, D and Dv.
+  // same outputs (to rounding). The cache must match the layer's Hkv, D and Dv. Q, K, V and the
+  // heads' outputs take the cache's element type: LayerOptions::dtype applies to forward() only.
   void forward_cached(const TensorView& query, KVCache& cache, const MutableTensorView& out,
                       const Mask& mask = {}, const ScoreMods& mods = {},
                       const LayerOptions& options = {}) const;

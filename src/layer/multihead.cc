@@ -86,6 +86,7 @@ void linear(const float* x, int64_t rows, int64_t in, const std::vector<float>& 
 // f32 values rounded into `dtype` bytes (a plain copy for f32).
 void store_as(DType dtype, const float* values, int64_t count, std::vector<uint8_t>& bytes) {
   bytes.resize(static_cast<size_t>(count) * dtype_size(dtype));
+  if (count == 0) return;  // an empty batch: no pointer to copy to or from
   const MutableTensorView to(bytes.data(), dtype, {count});
   if (dtype == DType::f32) {
     std::memcpy(bytes.data(), values, count * sizeof(float));
@@ -283,6 +284,13 @@ MultiHeadAttention MultiHeadAttention::load(const std::string& directory, int64_
                 std::to_string(heads) + ", kv_heads " + std::to_string(kv_heads));
   }
   if (kv_heads == 0) kv_heads = heads;
+  for (const char* name : {"bias_k.npy", "bias_v.npy"}) {
+    if (fs::exists(dir / name)) {
+      throw Error("weights directory '" + directory + "' holds " + name +
+                  ": nn.MultiheadAttention's add_bias_kv (a learned key and value appended to "
+                  "every sequence) is not supported");
+    }
+  }
   LayerWeights w;
   const fs::path packed = dir / "in_proj_weight.npy";
   const bool has_packed = fs::exists(packed);
@@ -290,8 +298,11 @@ MultiHeadAttention MultiHeadAttention::load(const std::string& directory, int64_
     // [Hq·D + 2·Hkv·D, E]: with E = Hq·D (nn.MultiheadAttention), the rows are Hq·D·(1 + 2/g).
     const Array<float> in_proj = read_matrix(packed, 2);
     const int64_t rows = in_proj.dim(0);
-    const int64_t q_rows = rows * heads / (heads + 2 * kv_heads);
-    if (q_rows * (heads + 2 * kv_heads) != rows * heads || q_rows % heads != 0) {
+    // heads + 2·kv_heads ≤ rows, else there is not one row per head (and rows·heads could
+    // overflow).
+    const bool fits = heads <= rows && kv_heads <= rows && heads + 2 * kv_heads <= rows;
+    const int64_t q_rows = fits ? rows * heads / (heads + 2 * kv_heads) : 0;
+    if (!fits || q_rows * (heads + 2 * kv_heads) != rows * heads || q_rows % heads != 0) {
       throw Error(packed.string() + " has shape " + shape_string(in_proj.shape()) +
                   "; with heads " + std::to_string(heads) + " and kv_heads " +
                   std::to_string(kv_heads) + " its rows must be (heads + 2·kv_heads)·head_dim");
@@ -347,7 +358,9 @@ void MultiHeadAttention::save(const std::string& directory) const {
     write_npy((dir / name).string(), NpyArray::from_floats(a.values(), a.shape()));
   };
   const LayerWeights& w = weights_;
-  const bool packed = key_dim() == query_dim() && value_dim() == query_dim();
+  // The packed form has one head dim for q, k and v rows (load() splits it by the head counts).
+  const bool packed =
+      key_dim() == query_dim() && value_dim() == query_dim() && head_value_dim_ == head_dim_;
   if (packed) {
     write("in_proj_weight.npy", stacked({&w.q_weight, &w.k_weight, &w.v_weight}));
   } else {

@@ -23,58 +23,88 @@ InputTensor load_tokens(const std::string& flag, const std::string& path) {
   return input;
 }
 
-// --incremental: key padding given as key-starts, key-keep or key-blocked becomes the cache's
-// starts (left padding: each row's padding must be a prefix), because a per-key mask cannot
-// follow a key count that grows by one each step. The other SPECs apply to every step.
+// Which of the `length` tokens of each sequence a padding component marks real: keep [B·L].
+std::vector<int64_t> keep_matrix(const component::Padding& padding, const std::string& spec,
+                                 int64_t batch, int64_t length) {
+  using Form = component::Padding::Form;
+  const std::vector<int64_t>& values = padding.values.values();
+  const bool per_sequence = padding.form == Form::lengths || padding.form == Form::starts;
+  const Dims expected = per_sequence ? Dims{batch} : Dims{batch, length};
+  if (padding.values.shape() != expected) {
+    throw Error("--mask " + spec + " has shape " + shape_string(padding.values.shape()) +
+                "; expected " + (per_sequence ? "[B] = " : "[B,L] = ") + shape_string(expected));
+  }
+  std::vector<int64_t> keep(batch * length);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < length; ++t) {
+      const int64_t n = b * length + t;
+      switch (padding.form) {
+        case Form::lengths:
+          keep[n] = t < values[b];
+          break;
+        case Form::starts:
+          keep[n] = t >= values[b];
+          break;
+        case Form::keep:
+          keep[n] = values[n] != 0;
+          break;
+        case Form::token_ids:
+          keep[n] = values[n] != padding.pad_id;
+          break;
+      }
+    }
+  }
+  return keep;
+}
+
+// --incremental: each step has one query and one more key, so the padding SPECs, which are
+// sized by the whole sequence, are taken apart. Key padding becomes the cache's starts (left
+// padding: each row's padding must be a prefix, as in batched generation); query padding becomes
+// each step's own query_keep column. The other SPECs apply to every step as they are.
 struct IncrementalSpecs {
   MaskSpecs specs;
-  std::vector<int64_t> starts;  // empty: no padding
+  std::vector<int64_t> starts;      // [B]; empty: no key padding
+  std::vector<int64_t> query_keep;  // [B·L]; empty: no query padding
 };
 IncrementalSpecs incremental_specs(const std::vector<std::string>& masks, int64_t batch,
                                    int64_t length) {
   IncrementalSpecs result;
   std::vector<std::string> others;
   for (const std::string& spec : masks) {
-    const std::string kind = spec.substr(0, spec.find(':'));
-    if (kind != "key-starts" && kind != "key-keep" && kind != "key-blocked") {
+    const Mask parsed = parse_mask_specs({spec}, false).mask;
+    const auto* padding = parsed.components().size() == 1
+                              ? std::get_if<component::Padding>(&parsed.components().front())
+                              : nullptr;
+    if (padding == nullptr) {
       others.push_back(spec);
+      continue;
+    }
+    const std::vector<int64_t> keep = keep_matrix(*padding, spec, batch, length);
+    if (padding->side == Side::query) {
+      if (!result.query_keep.empty()) {
+        throw Error("--mask " + spec + ": --incremental takes one query padding SPEC");
+      }
+      result.query_keep = keep;
       continue;
     }
     if (!result.starts.empty()) {
       throw Error("--mask " + spec + ": --incremental takes one key padding SPEC");
     }
-    const Mask parsed = parse_mask_specs({spec}, false).mask;
-    const auto& padding = std::get<component::Padding>(parsed.components().front());
-    const std::vector<int64_t>& values = padding.values.values();
-    if (padding.form == component::Padding::Form::starts) {
-      result.starts = values;
-    } else {
-      if (padding.values.shape() != Dims{batch, length}) {
-        throw Error("--mask " + spec + " has shape " + shape_string(padding.values.shape()) +
-                    "; expected [B,L] = " + shape_string({batch, length}));
-      }
-      for (int64_t b = 0; b < batch; ++b) {
-        int64_t start = 0;
-        while (start < length && values[b * length + start] == 0) ++start;
-        for (int64_t t = start; t < length; ++t) {
-          if (values[b * length + t] == 0) {
-            throw Error("--mask " + spec + ": sequence " + std::to_string(b) +
-                        " has padding at position " + std::to_string(t) +
-                        " after a real token; --incremental takes left padding only");
-          }
-        }
-        result.starts.push_back(start);
-      }
-    }
-    if (static_cast<int64_t>(result.starts.size()) != batch) {
-      throw Error("--mask " + spec + " has " + std::to_string(result.starts.size()) +
-                  " sequences but the batch has B=" + std::to_string(batch));
-    }
-    for (size_t b = 0; b < result.starts.size(); ++b) {
-      if (result.starts[b] >= length) {
+    for (int64_t b = 0; b < batch; ++b) {
+      int64_t start = 0;
+      while (start < length && keep[b * length + start] == 0) ++start;
+      if (start == length) {
         throw Error("--mask " + spec + ": sequence " + std::to_string(b) +
                     " is all padding; --incremental needs at least one real token per sequence");
       }
+      for (int64_t t = start; t < length; ++t) {
+        if (keep[b * length + t] == 0) {
+          throw Error("--mask " + spec + ": sequence " + std::to_string(b) +
+                      " has padding at position " + std::to_string(t) +
+                      " after a real token; --incremental takes left padding only");
+        }
+      }
+      result.starts.push_back(start);
     }
   }
   result.specs = parse_mask_specs(others, false);
@@ -128,12 +158,19 @@ int run_mha(const MhaArgs& args) {
                             {length * width, width, 1});
       const MutableTensorView step_out(static_cast<float*>(out_view.mutable_data()) + t * embed,
                                        {batch, 1, embed}, {length * embed, embed, 1});
+      Mask mask = steps.specs.mask;
+      if (!steps.query_keep.empty()) {
+        std::vector<int64_t> column(batch);
+        for (int64_t b = 0; b < batch; ++b) column[b] = steps.query_keep[b * length + t];
+        mask = mask & Mask().query_keep(Array<int64_t>({batch, 1}, std::move(column)));
+      }
       try {
-        layer.forward_cached(step, cache, step_out, steps.specs.mask, steps.specs.mods, options);
+        layer.forward_cached(step, cache, step_out, mask, steps.specs.mods, options);
       } catch (const Error& error) {
-        throw Error(std::string(error.what()) + " (--incremental step " + std::to_string(t) +
-                    ": 1 query over " + std::to_string(t + 1) +
-                    " cached keys; a --mask file must not depend on the key count)");
+        throw Error(
+            std::string(error.what()) + " (--incremental step " + std::to_string(t) +
+            ": 1 query over " + std::to_string(t + 1) +
+            " cached keys; a --mask file sized by the query or key count cannot follow the steps)");
       }
     }
   }
