@@ -36,23 +36,10 @@ OMP_WAIT_POLICY=PASSIVE is also the best of PASSIVE, ACTIVE and unset for these 
 other two, steps stalled for milliseconds).
 """
 import argparse
-import ctypes
 import math
 import time
 
-
-def blas_core():
-    """The OpenBLAS kernel that runs (e.g. Cooperlake, Haswell), read from the loaded library."""
-    with open("/proc/self/maps") as maps:
-        paths = {line.split()[-1] for line in maps if "openblas" in line and "/" in line}
-    for path in sorted(paths):
-        try:
-            library = ctypes.CDLL(path)
-            library.openblas_get_corename.restype = ctypes.c_char_p
-            return library.openblas_get_corename().decode()
-        except (OSError, AttributeError):
-            continue
-    return "unknown"
+from torch_attention import blas_core  # bench/ is the script's directory, on sys.path
 
 
 def main():

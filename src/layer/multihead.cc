@@ -28,10 +28,6 @@ namespace {
 using detail::fused::reused;
 struct LayerBuffers;  // owner tag of the reused vectors
 
-std::string dims(std::initializer_list<int64_t> sizes) {
-  return shape_string(Dims(sizes));
-}
-
 // A [B, L, H·W] buffer of element type `dtype` seen as [B, H, L, W]: the head split by strides.
 Dims head_strides(int64_t length, int64_t heads, int64_t width) {
   return {length * heads * width, width, heads * width, 1};
@@ -55,14 +51,17 @@ std::vector<float> transposed(const Array<float>& matrix) {
   return result;
 }
 
+// A [B, L, E] view whose rows are already contiguous f32 [B·L, E].
+bool is_contiguous_f32(const TensorView& t) {
+  return t.dtype() == DType::f32 && t.stride(2) == 1 && t.stride(1) == t.size(2) &&
+         (t.size(0) == 1 || t.stride(0) == t.size(1) * t.size(2));
+}
+
 // The rows of a [B, L, E] view as contiguous f32 [B·L, E] (in `buffer`, or in place when they
 // already are).
 const float* rows_as_f32(const TensorView& x, std::vector<float>& buffer) {
+  if (is_contiguous_f32(x)) return static_cast<const float*>(x.data());
   const int64_t batch = x.size(0), length = x.size(1), width = x.size(2);
-  if (x.dtype() == DType::f32 && x.stride(2) == 1 && x.stride(1) == width &&
-      (batch == 1 || x.stride(0) == length * width)) {
-    return static_cast<const float*>(x.data());
-  }
   buffer.resize(static_cast<size_t>(batch * length * width));
   float* row = buffer.data();
   for (int64_t b = 0; b < batch; ++b) {
@@ -404,9 +403,17 @@ void store_rows(const float* rows, const MutableTensorView& out) {
   }
 }
 
-bool is_contiguous_f32(const TensorView& t) {
-  return t.dtype() == DType::f32 && t.stride(2) == 1 && t.stride(1) == t.size(2) &&
-         (t.size(0) == 1 || t.stride(0) == t.size(1) * t.size(2));
+// out [B, L, E] = heads [B·L, in] · Wᵀ + bias: straight into `out` when it is contiguous f32, else
+// through `buffer` and store_rows().
+void output_projection(const float* heads, int64_t in, const std::vector<float>& weight_t,
+                       const Array<float>& bias, const MutableTensorView& out,
+                       std::vector<float>& buffer, int threads) {
+  const int64_t rows = out.size(0) * out.size(1), width = out.size(2);
+  const bool direct = is_contiguous_f32(out);
+  if (!direct) buffer.resize(static_cast<size_t>(rows * width));
+  float* y = direct ? static_cast<float*>(out.mutable_data()) : buffer.data();
+  linear(heads, rows, in, weight_t, bias, width, y, threads);
+  if (!direct) store_rows(y, out);
 }
 
 }  // namespace
@@ -477,14 +484,9 @@ void MultiHeadAttention::forward(const TensorView& query, const TensorView& key,
             mods, options.attention, lse);
 
   // The heads' outputs, merged by layout, through the output projection.
-  const float* heads = load_as_f32(dtype, o_bytes, o_count, qf);
-  const bool direct = is_contiguous_f32(out);
-  std::vector<float>& y = kf;  // dead by now: K went to k_bytes
-  if (!direct) y.resize(static_cast<size_t>(batch * q_len * embed_dim_));
-  float* rows = direct ? static_cast<float*>(out.mutable_data()) : y.data();
-  linear(heads, batch * q_len, heads_ * head_value_dim_, out_weight_t_, w.out_bias, embed_dim_,
-         rows, threads);
-  if (!direct) store_rows(rows, out);
+  // kf is dead by now (K went to k_bytes): it serves as the output's buffer.
+  output_projection(load_as_f32(dtype, o_bytes, o_count, qf), heads_ * head_value_dim_,
+                    out_weight_t_, w.out_bias, out, kf, threads);
 
   if (saved != nullptr) {
     saved->batch = batch;
@@ -523,11 +525,6 @@ void MultiHeadAttention::forward_cached(const TensorView& query, KVCache& cache,
   detail::require_output(out, {batch, steps, embed_dim_}, out.dtype(), "out",
                          "query " + query.shape_string());
   detail::require_disjoint(out, "out", query, "query");
-  if (cache.length() + steps > cache.capacity()) {
-    throw Error("KVCache is full: appending " + std::to_string(steps) + " positions to " +
-                std::to_string(cache.length()) + " exceeds the capacity " +
-                std::to_string(cache.capacity()));
-  }
   const int threads = options.attention.threads;
   const DType dtype = cache.dtype();
   const int64_t rows = batch * steps;
@@ -551,6 +548,7 @@ void MultiHeadAttention::forward_cached(const TensorView& query, KVCache& cache,
   o_bytes.resize(static_cast<size_t>(o_count) * dtype_size(dtype));
 
   const int64_t before = cache.length();
+  // Refuses a step that does not fit (E89) before changing anything.
   cache.append(heads_view(kf.data(), DType::f32, batch, steps, kv_heads_, head_dim_),
                heads_view(vf.data(), DType::f32, batch, steps, kv_heads_, head_value_dim_));
   try {
@@ -562,12 +560,9 @@ void MultiHeadAttention::forward_cached(const TensorView& query, KVCache& cache,
     cache.truncate(before);  // a refused step leaves the cache as it was
     throw;
   }
-  const float* heads = load_as_f32(dtype, o_bytes, o_count, qf);
-  const bool direct = is_contiguous_f32(out);
-  if (!direct) kf.resize(static_cast<size_t>(rows * embed_dim_));
-  float* y = direct ? static_cast<float*>(out.mutable_data()) : kf.data();
-  linear(heads, rows, heads_ * head_value_dim_, out_weight_t_, w.out_bias, embed_dim_, y, threads);
-  if (!direct) store_rows(y, out);
+  // kf is dead by now (K is in the cache): it serves as the output's buffer.
+  output_projection(load_as_f32(dtype, o_bytes, o_count, qf), heads_ * head_value_dim_,
+                    out_weight_t_, w.out_bias, out, kf, threads);
 }
 
 LayerGradients MultiHeadAttention::backward(const LayerActivations& saved, const TensorView& dout,
@@ -595,7 +590,7 @@ LayerGradients MultiHeadAttention::backward(const LayerActivations& saved, const
   detail::require_view(dout, 3, "dout", "[B,Lq,E]");
   if (dout.sizes() != Dims{batch, q_len, embed_dim_}) {
     throw Error("dout has shape " + dout.shape_string() + " but the layer's output is " +
-                dims({batch, q_len, embed_dim_}));
+                shape_string({batch, q_len, embed_dim_}));
   }
   const int threads = options.attention.threads;
   const bool bias = has_bias();

@@ -108,8 +108,10 @@ bool check_padded_batch(const TokenBatch& batch) {
     const TensorView alone_view(x_alone.data(), {1, 1, real, kDim});
     attention(alone_view, alone_view, alone_view,
               MutableTensorView(alone.data(), {1, 1, real, kDim}), Mask().causal());
-    const double pad_max = max_abs_difference(
-        row + real * kDim, std::vector<float>(length * kDim).data(), (length - real) * kDim);
+    double pad_max = 0.0;
+    for (int64_t n = real * kDim; n < length * kDim; ++n) {
+      pad_max = std::max(pad_max, std::fabs(double{row[n]}));
+    }
     const bool equal = std::equal(alone.begin(), alone.end(), row);
     all_equal = all_equal && equal && pad_max == 0.0;
     const std::string pad_note =

@@ -1,5 +1,6 @@
 // maskattn mha: a multi-head attention layer (weights from a directory of PyTorch-named .npy
 // files) over [B, L, E] inputs. The flags are a fixed contract (docs/cli.md).
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -69,18 +70,19 @@ struct IncrementalSpecs {
 IncrementalSpecs incremental_specs(const std::vector<std::string>& masks, int64_t batch,
                                    int64_t length) {
   IncrementalSpecs result;
+  static const std::set<std::string> kPaddingKinds = {"key-lengths",  "key-starts", "key-keep",
+                                                      "key-blocked",  "pad-id",     "query-lengths",
+                                                      "query-starts", "query-keep", "query-pad-id"};
   std::vector<std::string> others;
   for (const std::string& spec : masks) {
-    const Mask parsed = parse_mask_specs({spec}, false).mask;
-    const auto* padding = parsed.components().size() == 1
-                              ? std::get_if<component::Padding>(&parsed.components().front())
-                              : nullptr;
-    if (padding == nullptr) {
+    if (kPaddingKinds.count(spec.substr(0, spec.find(':'))) == 0) {
       others.push_back(spec);
       continue;
     }
-    const std::vector<int64_t> keep = keep_matrix(*padding, spec, batch, length);
-    if (padding->side == Side::query) {
+    const Mask parsed = parse_mask_specs({spec}, false).mask;
+    const auto& padding = std::get<component::Padding>(parsed.components().front());
+    const std::vector<int64_t> keep = keep_matrix(padding, spec, batch, length);
+    if (padding.side == Side::query) {
       if (!result.query_keep.empty()) {
         throw Error("--mask " + spec + ": --incremental takes one query padding SPEC");
       }
@@ -133,7 +135,6 @@ int run_mha(const MhaArgs& args) {
   const InputTensor value = cross ? load_tokens("--value", args.value) : query;
   if (cross) require_same_layout({&query, &key, &value}, "query, key and value");
   const DType dtype = choose_dtype(args.dtype, {&query, &key, &value});
-  const MaskSpecs specs = parse_mask_specs(args.masks, false);
   LayerOptions options;
   options.attention = call_options(args.scale, args.threads, args.kernel);
   options.dtype = dtype;
@@ -144,6 +145,7 @@ int run_mha(const MhaArgs& args) {
   const MutableTensorView out_view(out.mutable_view().mutable_data(), DType::f32,
                                    {batch, length, layer.embed_dim()});
   if (!args.incremental) {
+    const MaskSpecs specs = parse_mask_specs(args.masks, false);
     layer.forward(tokens_view(query), tokens_view(key), tokens_view(value), out_view, specs.mask,
                   specs.mods, options);
   } else {
