@@ -34,9 +34,11 @@
 #include <cstring>
 
 #include "core/element.h"
+#include "kernels/convert-inl.h"
 #include "kernels/fused_backward_block.h"
 #include "kernels/fused_block.h"
 #include "kernels/product-inl.h"
+#include "kernels/score_chain-inl.h"
 #include "kernels/simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -48,6 +50,7 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
 constexpr int64_t T = kBackwardTile;
+static_assert(T == kChainTileLanes, "the modifier chain walks 64-lane tile rows");
 
 void ProductGuarded(bool guarded, Guard kind, const float* a, int64_t a_row, int64_t a_col,
                     int64_t inner, const float* b, int64_t b_stride, int64_t width, bool accumulate,
@@ -59,32 +62,6 @@ void ProductGuarded(bool guarded, Guard kind, const float* a, int64_t a_row, int
   } else {
     Product<Guard::b>(a, a_row, a_col, inner, b, b_stride, width, accumulate, c, c_stride, rows);
   }
-}
-
-// Row j of K or V for (b, g) as f32: a pointer into the tensor when it is f32 with contiguous
-// rows, else converted into `buffer`.
-const float* KeyRow(const TensorView& t, int64_t b, int64_t g, int64_t j, int64_t width,
-                    float* buffer) {
-  const int64_t offset = t.offset({b, g, j, 0});
-  if (t.dtype() == DType::f32 && t.stride(3) == 1) {
-    return static_cast<const float*>(t.data()) + offset;
-  }
-  for (int64_t d = 0; d < width; ++d) buffer[d] = load_float(t, offset + d * t.stride(3));
-  return buffer;
-}
-
-bool AllFinite(const float* values, int64_t count) {
-  const DF df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  VF bad = hn::Zero(df);  // x − x is 0 for finite x and NaN for NaN and ±inf
-  int64_t n = 0;
-  for (; n + N <= count; n += N) {
-    const VF x = hn::LoadU(df, values + n);
-    bad = hn::Or(bad, hn::Sub(x, x));
-  }
-  bool finite = hn::AllFalse(df, hn::IsNaN(bad));
-  for (; n < count; ++n) finite &= std::isfinite(values[n]);
-  return finite;
 }
 
 // Packs key tile [j0, j0 + rows) of (b, g): scale·Kᵀ and Vᵀ, zero beyond `rows`, and points
@@ -109,11 +86,11 @@ bool PackKeyTile(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, int
   const float scale = static_cast<float>(p.scale);
   bool finite = true;
   for (int64_t j = 0; j < rows; ++j) {
-    const float* k_row = dim == 0 ? sc.row : KeyRow(p.k, b, g, j0 + j, dim, sc.row);
+    const float* k_row = dim == 0 ? sc.row : RowAsF32(p.k, b, g, j0 + j, dim, sc.row);
     if (!in_place) std::copy_n(k_row, dim, sc.k_rows + j * c.dq_width);
     finite &= AllFinite(k_row, dim);
     for (int64_t d = 0; d < dim; ++d) sc.k_t[d * T + j] = scale * k_row[d];
-    const float* v_row = value_dim == 0 ? sc.row : KeyRow(p.v, b, g, j0 + j, value_dim, sc.row);
+    const float* v_row = value_dim == 0 ? sc.row : RowAsF32(p.v, b, g, j0 + j, value_dim, sc.row);
     finite &= AllFinite(v_row, value_dim);
     for (int64_t e = 0; e < value_dim; ++e) sc.v_t[e * T + j] = v_row[e];
   }
@@ -134,61 +111,24 @@ void StoreKeyTile(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, in
   }
 }
 
-// softcap → ALiBi + bias + additive masks → threshold (DESIGN.md §3) on rows [0, q_count) of the
-// tile, as the forward applies them; softcap also leaves its derivative in cap_grad. `row_bits`
-// (per query, bit j = key j allowed) is null for a full tile.
+// The modifier chain (score_chain-inl.h) on rows [0, q_count) of the tile's S[i][j]: queries
+// are rows, keys lanes; softcap also leaves its derivative in cap_grad. `row_bits` (per query,
+// bit j = key j allowed) is null for a full tile.
 void ApplyScoreMods(const BackwardContext& c, int64_t b, int64_t h, int64_t q_first,
                     int64_t q_count, int64_t j0, int64_t rows, const uint64_t* row_bits,
                     bool additive, float* HWY_RESTRICT s, float* HWY_RESTRICT cap_grad) {
-  const Problem& p = *c.problem;
-  const ResolvedMods& mods = *p.mods;
-  const ResolvedMask& mask = *p.mask;
-  const DF df;
-  const size_t N = hn::Lanes(df);
-  if (mods.softcap || mods.alibi_slopes != nullptr) {
-    const float cap = mods.softcap ? static_cast<float>(*mods.softcap) : 1.0f;
-    const VF cap_v = hn::Set(df, cap), inverse_cap = hn::Set(df, 1.0f / cap);
-    const VF one = hn::Set(df, 1.0f);
-    const float slope = mods.alibi_slopes != nullptr ? mods.alibi_slopes[h] : 0.0f;
-    for (int64_t i = 0; i < q_count; ++i) {
-      // distance(j) = qpos(i) − kpos(j0 + j) = (qpos(i) − kpos(j0)) − j
-      const int64_t base = mask.qpos(b, q_first + i) - mask.kpos(b, j0);
-      for (size_t j = 0; j < static_cast<size_t>(T); j += N) {
-        VF x = hn::LoadU(df, s + i * T + j);
-        if (mods.softcap) {
-          const VF t = hn::Tanh(df, hn::Mul(x, inverse_cap));
-          hn::StoreU(hn::NegMulAdd(t, t, one), df, cap_grad + i * T + j);  // ∂(cap·tanh(x/cap))/∂x
-          x = hn::Mul(cap_v, t);
-        }
-        if (mods.alibi_slopes != nullptr) {
-          const VF distance = hn::Abs(
-              hn::Sub(hn::Set(df, static_cast<float>(base)), hn::Iota(df, static_cast<float>(j))));
-          x = hn::NegMulAdd(hn::Set(df, slope), distance, x);
-        }
-        hn::StoreU(x, df, s + i * T + j);
-      }
-    }
-  }
-  if (mods.bias != nullptr || additive) {
-    for (int64_t i = 0; i < q_count; ++i) {
-      for (int64_t j = 0; j < rows; ++j) {
-        if (row_bits != nullptr && !((row_bits[i] >> j) & 1)) continue;
-        float& x = s[i * T + j];
-        if (mods.bias != nullptr) x += mods.bias[mods.bias_index.offset(b, h, q_first + i, j0 + j)];
-        if (additive) x += static_cast<float>(mask.additive(b, h, q_first + i, j0 + j));
-      }
-    }
-  }
-  if (mods.threshold) {
-    const VF tau = hn::Set(df, static_cast<float>(*mods.threshold));
-    const VF minus_inf = hn::Set(df, -INFINITY);
-    for (int64_t i = 0; i < q_count; ++i) {
-      for (size_t j = 0; j < static_cast<size_t>(T); j += N) {
-        const VF x = hn::LoadU(df, s + i * T + j);
-        hn::StoreU(hn::IfThenElse(hn::Lt(x, tau), minus_inf, x), df, s + i * T + j);
-      }
-    }
-  }
+  TileLayout tile;
+  tile.b = b;
+  tile.h = h;
+  tile.q_first = q_first;
+  tile.k_first = j0;
+  tile.keys_across_lanes = true;
+  tile.rows = q_count;
+  tile.pair_lanes = rows;
+  tile.allowed = row_bits;
+  tile.additive = additive;
+  tile.cap_grad = cap_grad;
+  ApplyScoreChainToTile(*c.problem->mods, *c.problem->mask, tile, s);
 }
 
 // Hidden pairs and keys past the tile's end get −inf; `row_bits` null means all keys allowed.

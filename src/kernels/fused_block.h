@@ -1,7 +1,7 @@
 // The fused kernel's unit of work: one block of queries of one (b, h) against a range of keys,
 // computed tile by tile with an online softmax (FlashAttention-2), never materialising more than
 // one kTileK × kTileQ block of scores. Compiled once per SIMD target (Highway) and dispatched at
-// run time; see fused_block.cc for the design.
+// run time; see fused_block.cc (tile kernel) and fused_rows.cc (row kernel) for the designs.
 #pragma once
 
 #include <cstdint>
@@ -92,8 +92,9 @@ void exp_non_positive(const float* in, int64_t count, float* out);
 // rows without keys) and scratch.lse [q_count].
 void attend_block(const Context& context, const Block& block, Scratch& scratch);
 
-// Row kernel for a few queries (D across SIMD lanes, memory-bound decoding): rows are (head, query)
-// pairs of one batch entry that share kv head g (row_count ≤ kMaxRows); same outputs, one row each.
+// Row kernel (fused_rows.cc) for a few queries (D across SIMD lanes, memory-bound decoding): rows
+// are (head, query) pairs of one batch entry that share kv head g (row_count ≤ kMaxRows); same
+// outputs, one row each.
 struct Row {
   int64_t h, i;
 };

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/element.h"
+#include "kernels/score_chain.h"
 #include "maskattn/memory.h"
 
 namespace maskattn::detail::reference {
@@ -99,20 +100,9 @@ void for_each_row(const Problem& p, RowFn&& fn) {
   if (failure) std::rethrow_exception(failure);
 }
 
-// DESIGN.md §3, fixed order: softcap → ALiBi + bias + additive masks → score_fn → threshold.
-// Returns −inf for a hidden pair.
+// The final score of an allowed pair (score_chain.h); −inf when the threshold hides it.
 double modified_score(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j, double s) {
-  const ResolvedMods& mods = *p.mods;
-  if (mods.softcap) s = *mods.softcap * std::tanh(s / *mods.softcap);
-  if (mods.alibi_slopes != nullptr) {
-    const double distance = std::fabs(static_cast<double>(p.mask->qpos(b, i) - p.mask->kpos(b, j)));
-    s -= static_cast<double>(mods.alibi_slopes[h]) * distance;
-  }
-  if (mods.bias != nullptr) s += mods.bias[mods.bias_index.offset(b, h, i, j)];
-  if (p.mask->has_additive()) s += p.mask->additive(b, h, i, j);
-  if (mods.score_fn != nullptr) s = (*mods.score_fn)(s, b, h, i, j);
-  if (mods.threshold && s < *mods.threshold) return kNegInf;
-  return s;
+  return detail::modified_score(*p.mods, *p.mask, p.mask->has_additive(), b, h, i, j, s);
 }
 
 // Fills scratch.scores[j] for row (b, h, i). At ScoreStage::final, hidden pairs are −inf and their
