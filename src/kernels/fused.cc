@@ -46,73 +46,237 @@ struct Item {
   int64_t partial = -1;  // row mode with split keys: index of the partial-result slot
 };
 
+// How one call runs: which kernel, and what is prepared for it once per call.
+struct Mode {
+  bool rows = false;      // row kernel (few queries), else the tile kernel
+  bool bf16_dot = false;  // tile kernel on vdpbf16ps (bf16 inputs, AVX512-BF16)
+  // The tile kernel reads every key and value tile once per query block: f16/bf16 or strided K/V
+  // are converted to contiguous f32 once per call instead (into a buffer this thread keeps).
+  bool convert = false;
+};
+
+Mode choose_mode(const Problem& p) {
+  Mode mode;
+  mode.rows = p.q_len <= kRowModeQueries;
+  mode.bf16_dot = !mode.rows && p.q.dtype() == DType::bf16 && p.head_dim % 2 == 0 &&
+                  p.q.stride(3) == 1 && p.k.stride(3) == 1 && p.v.stride(3) == 1 &&
+                  bf16_dot_available();
+  mode.convert = !mode.rows && !mode.bf16_dot &&
+                 (p.k.dtype() != DType::f32 || p.k.stride(3) != 1 || p.v.stride(3) != 1);
+  return mode;
+}
+
+// Working memory: K and V as f32 (or V paired for bf16), split-key partials, and O(tile) scratch
+// per thread (kept across calls). Throws the catalogue's memory error when it cannot be had.
+void require_working_memory(const Problem& p, const Mode& mode) {
+  const double keys = static_cast<double>(p.k.size(0)) * p.k.size(1) * p.k_len;
+  double bytes = 4.0 * (kTileQ + kTileK) * (2.0 * p.head_dim + 2.0 * p.value_dim + kTileQ) *
+                 (p.threads > 0 ? p.threads : omp_get_max_threads());
+  if (mode.convert) bytes += 4.0 * keys * (p.head_dim + p.value_dim);
+  if (mode.bf16_dot) bytes += 4.0 * (keys / 2 + p.batch * p.kv_heads) * p.value_dim;
+  if (mode.rows && p.k_len > 2 * kChunkKeys) {
+    bytes += 4.0 * p.batch * p.kv_heads * (p.k_len / kChunkKeys + 1) * kMaxRows *
+             (p.value_dim + 1) * ((p.q_heads / std::max<int64_t>(p.kv_heads, 1)) * p.q_len);
+  }
+  require_memory(
+      bytes, "attention (fused kernel) for q " + p.q.shape_string() + ", k " + p.k.shape_string());
+}
+
+// K and V replaced by contiguous f32 copies (in a buffer this thread keeps).
+void convert_keys_and_values(Problem& p) {
+  std::vector<float>& kv = reused<float, Forward>();
+  const int64_t keys = p.k.size(0) * p.k.size(1) * p.k_len;
+  kv.resize(keys * (p.head_dim + p.value_dim));
+  convert_to_f32(p.k, kv.data(), p.threads);
+  convert_to_f32(p.v, kv.data() + keys * p.head_dim, p.threads);
+  p.k = TensorView(kv.data(), {p.batch, p.kv_heads, p.k_len, p.head_dim});
+  p.v = TensorView(kv.data() + keys * p.head_dim, {p.batch, p.kv_heads, p.k_len, p.value_dim});
+}
+
+// V's rows paired up once for all query blocks (bf16_dot.h layouts).
+const uint32_t* pair_values(const Problem& p) {
+  std::vector<uint32_t>& pairs = reused<uint32_t, Forward>();
+  const int64_t pair_rows = (p.k_len + 1) / 2;
+  pairs.resize(p.batch * p.kv_heads * pair_rows * p.value_dim);
+  const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t g = 0; g < p.kv_heads; ++g) {
+      bf16_pack_values(static_cast<const uint16_t*>(p.v.data()) + p.v.offset({b, g, 0, 0}),
+                       p.v.stride(2), p.k_len, p.value_dim,
+                       pairs.data() + (b * p.kv_heads + g) * pair_rows * p.value_dim);
+    }
+  }
+  return pairs.data();
+}
+
+bool has_score_mods(const Problem& p) {
+  const ResolvedMods& mods = *p.mods;
+  return mods.softcap || mods.alibi_slopes != nullptr || mods.bias != nullptr ||
+         mods.score_fn != nullptr || mods.threshold || p.mask->has_additive();
+}
+
+// Tile mode: one item per (b, h, 64-query block) against all keys, costed in tiles visited.
+void plan_tile_items(const Problem& p, const BlockMap& blocks, std::vector<Item>& items) {
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t h = 0; h < p.q_heads; ++h) {
+      for (int64_t qt = 0; qt < blocks.q_tiles(); ++qt) {
+        Item item;
+        item.b = b;
+        item.h = h;
+        item.q_first = qt * kTileQ;
+        item.q_count = std::min(kTileQ, p.q_len - item.q_first);
+        item.k_end = p.k_len;
+        const BlockMap::TileRange band = blocks.k_tile_range(b, h, qt);
+        item.cost = band.end - band.first;  // tiles visited, at most
+        items.push_back(item);
+      }
+    }
+  }
+}
+
+// Row mode: the rows (h relative to the kv group, i) of one (b, g), in order.
+std::vector<Row> group_rows(const Problem& p) {
+  std::vector<Row> rows;
+  const int64_t group = p.kv_heads > 0 ? p.q_heads / p.kv_heads : 0;
+  for (int64_t h = 0; h < group; ++h) {
+    for (int64_t i = 0; i < p.q_len; ++i) rows.push_back({h, i});
+  }
+  return rows;
+}
+
+// Row mode: key chunks per row batch; more than one only when too few (b, g, row batch) items
+// would leave threads idle on a long cache.
+int64_t key_chunks(const Problem& p, int64_t row_batches) {
+  if (p.batch * p.kv_heads * row_batches < kSplitBelowItems && p.k_len > 2 * kChunkKeys) {
+    return (p.k_len + kChunkKeys - 1) / kChunkKeys;
+  }
+  return 1;
+}
+
+// Row mode: one item per (b, g, batch of kMaxRows rows, key chunk); chunks of one row batch are
+// consecutive, which merge_split_keys() relies on.
+void plan_row_items(const Problem& p, int64_t row_count, int64_t chunks, std::vector<Item>& items) {
+  const int64_t row_batches = (row_count + kMaxRows - 1) / kMaxRows;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t g = 0; g < p.kv_heads; ++g) {
+      for (int64_t batch = 0; batch < row_batches; ++batch) {
+        for (int64_t c = 0; c < chunks; ++c) {
+          Item item;
+          item.b = b;
+          item.g = g;
+          item.rows_first = batch * kMaxRows;
+          item.row_count = std::min<int64_t>(kMaxRows, row_count - item.rows_first);
+          item.k_first = chunks == 1 ? 0 : c * kChunkKeys;
+          item.k_end = chunks == 1 ? p.k_len : std::min(p.k_len, (c + 1) * kChunkKeys);
+          item.cost = item.k_end - item.k_first;
+          if (chunks > 1) item.partial = static_cast<int64_t>(items.size());
+          items.push_back(item);
+        }
+      }
+    }
+  }
+}
+
+// Writes one finished row: O in the output's dtype, and its LSE when asked for.
+struct RowWriter {
+  const MutableTensorView& out;
+  const MutableTensorView& lse;
+  int64_t value_dim;
+
+  void operator()(int64_t b, int64_t h, int64_t i, const float* values, float row_lse) const {
+    store_row(out, out.offset({b, h, i, 0}), out.stride(3), values, value_dim);
+    if (!lse.is_null()) static_cast<float*>(lse.mutable_data())[lse.offset({b, h, i, 0})] = row_lse;
+  }
+};
+
+// Split-key partial results: [item][row][Dv] and [item][row].
+struct Partials {
+  std::vector<float>& out;
+  std::vector<float>& lse;
+};
+
+void run_tile_item(const Context& context, const Item& item, const RowWriter& write,
+                   Scratch& scratch) {
+  Block block;
+  block.b = item.b;
+  block.h = item.h;
+  block.q_first = item.q_first;
+  block.q_count = item.q_count;
+  block.k_first = 0;
+  block.k_end = item.k_end;
+  attend_block(context, block, scratch);
+  for (int64_t i = 0; i < item.q_count; ++i) {
+    write(item.b, item.h, item.q_first + i, scratch.out + i * write.value_dim, scratch.lse[i]);
+  }
+}
+
+void run_row_item(const Context& context, const Item& item, const std::vector<Row>& rows,
+                  bool split, const RowWriter& write, const Partials& partials, Scratch& scratch) {
+  const Problem& p = *context.problem;
+  const int64_t group = p.q_heads / p.kv_heads;
+  Row batch[kMaxRows];
+  for (int64_t r = 0; r < item.row_count; ++r) {
+    const Row row = rows[item.rows_first + r];
+    batch[r] = {item.g * group + row.h, row.i};
+  }
+  attend_rows(context, item.b, batch, item.row_count, item.k_first, item.k_end, !split, scratch);
+  for (int64_t r = 0; r < item.row_count; ++r) {
+    const float* values = scratch.out + r * p.value_dim;
+    if (item.partial < 0) {
+      write(item.b, batch[r].h, batch[r].i, values, scratch.lse[r]);
+    } else {
+      std::copy_n(values, p.value_dim,
+                  partials.out.data() + (item.partial * kMaxRows + r) * p.value_dim);
+      partials.lse[item.partial * kMaxRows + r] = scratch.lse[r];
+    }
+  }
+}
+
+// Merges each row's split-key partials chunk by chunk in key order (merge.h), with the sink.
+void merge_split_keys(const Problem& p, const std::vector<Item>& items,
+                      const std::vector<Row>& rows, int64_t chunks, const Partials& partials,
+                      const RowWriter& write) {
+  const int64_t group = p.q_heads / p.kv_heads;
+  std::vector<float> merged(p.value_dim);
+  for (size_t n = 0; n < items.size(); n += chunks) {
+    const Item& first = items[n];  // chunks of one (b, g, row batch) are consecutive
+    for (int64_t r = 0; r < first.row_count; ++r) {
+      const Row row = rows[first.rows_first + r];
+      const int64_t h = first.g * group + row.h;
+      const float sink = p.mods->sinks != nullptr ? p.mods->sinks[h] : -INFINITY;
+      const float row_lse =
+          merge_row(chunks, partials.out.data() + (first.partial * kMaxRows + r) * p.value_dim,
+                    kMaxRows * p.value_dim, partials.lse.data() + first.partial * kMaxRows + r,
+                    kMaxRows, sink, p.value_dim, merged.data());
+      write(first.b, h, row.i, merged.data(), row_lse);
+    }
+  }
+}
+
 }  // namespace
 
 void forward(const Problem& problem, const MutableTensorView& out, const MutableTensorView& lse,
              bool block_skipping) {
   if (problem.batch * problem.q_heads * problem.q_len == 0) return;
   if (out.numel() == 0 && lse.is_null()) return;
-  const bool row_mode = problem.q_len <= kRowModeQueries;
-  // The tile kernel reads every key and value tile once per query block: f16/bf16 or strided K/V
-  // are converted to contiguous f32 once per call instead (into a buffer this thread keeps).
+  const Mode mode = choose_mode(problem);
+  require_working_memory(problem, mode);
   Problem p = problem;
-  const bool bf16_dot = !row_mode && p.q.dtype() == DType::bf16 && p.head_dim % 2 == 0 &&
-                        p.q.stride(3) == 1 && p.k.stride(3) == 1 && p.v.stride(3) == 1 &&
-                        bf16_dot_available();
-  const bool convert = !row_mode && !bf16_dot &&
-                       (p.k.dtype() != DType::f32 || p.k.stride(3) != 1 || p.v.stride(3) != 1);
-  {
-    // Working memory: K and V as f32 (or V paired for bf16), split-key partials, and O(tile)
-    // scratch per thread (kept across calls).
-    const double keys = static_cast<double>(p.k.size(0)) * p.k.size(1) * p.k_len;
-    double bytes = 4.0 * (kTileQ + kTileK) * (2.0 * p.head_dim + 2.0 * p.value_dim + kTileQ) *
-                   (p.threads > 0 ? p.threads : omp_get_max_threads());
-    if (convert) bytes += 4.0 * keys * (p.head_dim + p.value_dim);
-    if (bf16_dot) bytes += 4.0 * (keys / 2 + p.batch * p.kv_heads) * p.value_dim;
-    if (row_mode && p.k_len > 2 * kChunkKeys) {
-      bytes += 4.0 * p.batch * p.kv_heads * (p.k_len / kChunkKeys + 1) * kMaxRows *
-               (p.value_dim + 1) * ((p.q_heads / std::max<int64_t>(p.kv_heads, 1)) * p.q_len);
-    }
-    require_memory(bytes, "attention (fused kernel) for q " + p.q.shape_string() + ", k " +
-                              p.k.shape_string());
-  }
-  if (convert) {
-    std::vector<float>& kv = reused<float, Forward>();
-    const int64_t keys = p.k.size(0) * p.k.size(1) * p.k_len;
-    kv.resize(keys * (p.head_dim + p.value_dim));
-    convert_to_f32(p.k, kv.data(), p.threads);
-    convert_to_f32(p.v, kv.data() + keys * p.head_dim, p.threads);
-    p.k = TensorView(kv.data(), {p.batch, p.kv_heads, p.k_len, p.head_dim});
-    p.v = TensorView(kv.data() + keys * p.head_dim, {p.batch, p.kv_heads, p.k_len, p.value_dim});
-  }
+  if (mode.convert) convert_keys_and_values(p);
+
+  // ---- what every item reads ----
   const BlockMap blocks(*p.mask, kTileQ, kTileK, block_skipping);
   const TileMaskBuilder tile_masks(*p.mask);
-  const ResolvedMods& mods = *p.mods;
   Context context;
   context.problem = &p;
   context.blocks = &blocks;
   context.tile_masks = &tile_masks;
-  context.bf16_dot = bf16_dot;
-  if (bf16_dot) {
-    // Pair up value rows once for all query blocks (bf16_dot.h layouts).
-    std::vector<uint32_t>& pairs = reused<uint32_t, Forward>();
-    const int64_t pair_rows = (p.k_len + 1) / 2;
-    pairs.resize(p.batch * p.kv_heads * pair_rows * p.value_dim);
-    const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
-#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
-    for (int64_t b = 0; b < p.batch; ++b) {
-      for (int64_t g = 0; g < p.kv_heads; ++g) {
-        bf16_pack_values(static_cast<const uint16_t*>(p.v.data()) + p.v.offset({b, g, 0, 0}),
-                         p.v.stride(2), p.k_len, p.value_dim,
-                         pairs.data() + (b * p.kv_heads + g) * pair_rows * p.value_dim);
-      }
-    }
-    context.v_pairs = pairs.data();
-  }
-  context.score_mods = mods.softcap || mods.alibi_slopes != nullptr || mods.bias != nullptr ||
-                       mods.score_fn != nullptr || mods.threshold || p.mask->has_additive();
+  context.bf16_dot = mode.bf16_dot;
+  if (mode.bf16_dot) context.v_pairs = pair_values(p);
+  context.score_mods = has_score_mods(p);
   std::vector<uint8_t> v_finite;
-  if (!row_mode) {
+  if (!mode.rows) {
     v_finite.resize(p.batch * p.kv_heads * blocks.k_tiles());
     mark_finite_value_tiles(p, v_finite.data());
     context.v_tile_finite = v_finite.data();
@@ -121,124 +285,34 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   // ---- plan ----
   std::vector<Item>& items = reused<Item, Forward>();
   items.clear();
-  const int64_t group = p.kv_heads > 0 ? p.q_heads / p.kv_heads : 0;
-  // Row mode: the rows (h, i) of one (b, g), in order; batches of kMaxRows.
-  std::vector<Row> rows;
-  if (row_mode) {
-    for (int64_t h = 0; h < group; ++h) {
-      for (int64_t i = 0; i < p.q_len; ++i) rows.push_back({h, i});  // h relative to the group
-    }
-  }
-  const int64_t row_batches = (static_cast<int64_t>(rows.size()) + kMaxRows - 1) / kMaxRows;
-  int64_t chunks = 1;
-  if (row_mode && p.batch * p.kv_heads * row_batches < kSplitBelowItems &&
-      p.k_len > 2 * kChunkKeys) {
-    chunks = (p.k_len + kChunkKeys - 1) / kChunkKeys;
-  }
-  if (!row_mode) {
-    for (int64_t b = 0; b < p.batch; ++b) {
-      for (int64_t h = 0; h < p.q_heads; ++h) {
-        for (int64_t qt = 0; qt < blocks.q_tiles(); ++qt) {
-          Item item;
-          item.b = b;
-          item.h = h;
-          item.q_first = qt * kTileQ;
-          item.q_count = std::min(kTileQ, p.q_len - item.q_first);
-          item.k_end = p.k_len;
-          const BlockMap::TileRange band = blocks.k_tile_range(b, h, qt);
-          item.cost = band.end - band.first;  // tiles visited, at most
-          items.push_back(item);
-        }
-      }
-    }
+  const std::vector<Row> rows = mode.rows ? group_rows(p) : std::vector<Row>();
+  const int64_t row_count = static_cast<int64_t>(rows.size());
+  const int64_t chunks = mode.rows ? key_chunks(p, (row_count + kMaxRows - 1) / kMaxRows) : 1;
+  if (mode.rows) {
+    plan_row_items(p, row_count, chunks, items);
   } else {
-    for (int64_t b = 0; b < p.batch; ++b) {
-      for (int64_t g = 0; g < p.kv_heads; ++g) {
-        for (int64_t batch = 0; batch < row_batches; ++batch) {
-          for (int64_t c = 0; c < chunks; ++c) {
-            Item item;
-            item.b = b;
-            item.g = g;
-            item.rows_first = batch * kMaxRows;
-            item.row_count = std::min<int64_t>(kMaxRows, rows.size() - item.rows_first);
-            item.k_first = chunks == 1 ? 0 : c * kChunkKeys;
-            item.k_end = chunks == 1 ? p.k_len : std::min(p.k_len, (c + 1) * kChunkKeys);
-            item.cost = item.k_end - item.k_first;
-            if (chunks > 1) item.partial = static_cast<int64_t>(items.size());
-            items.push_back(item);
-          }
-        }
-      }
-    }
+    plan_tile_items(p, blocks, items);
   }
-
-  // Partial results of split-key items: [item][row][Dv] and [item][row].
-  std::vector<float>& partial_out = reused<float, Forward, 1>();
-  std::vector<float>& partial_lse = reused<float, Forward, 2>();
+  const Partials partials{reused<float, Forward, 1>(), reused<float, Forward, 2>()};
   if (chunks > 1) {
-    partial_out.resize(items.size() * kMaxRows * p.value_dim);
-    partial_lse.resize(items.size() * kMaxRows);
+    partials.out.resize(items.size() * kMaxRows * p.value_dim);
+    partials.lse.resize(items.size() * kMaxRows);
   }
-  const auto write = [&](int64_t b, int64_t h, int64_t i, const float* values, float row_lse) {
-    store_row(out, out.offset({b, h, i, 0}), out.stride(3), values, p.value_dim);
-    if (!lse.is_null()) static_cast<float*>(lse.mutable_data())[lse.offset({b, h, i, 0})] = row_lse;
-  };
 
-  // ---- run ----
+  // ---- run, longest first; then merge split-key partials ----
+  const RowWriter write{out, lse, p.value_dim};
   std::vector<int64_t> costs(items.size());
   for (size_t n = 0; n < items.size(); ++n) costs[n] = items[n].cost;
   run_longest_first(costs, p.threads, [&](int64_t index) {
     thread_local Scratch scratch;
     scratch.reserve(p.head_dim, p.value_dim);
-    const Item& item = items[index];
-    if (!row_mode) {
-      Block block;
-      block.b = item.b;
-      block.h = item.h;
-      block.q_first = item.q_first;
-      block.q_count = item.q_count;
-      block.k_first = 0;
-      block.k_end = item.k_end;
-      attend_block(context, block, scratch);
-      for (int64_t i = 0; i < item.q_count; ++i) {
-        write(item.b, item.h, item.q_first + i, scratch.out + i * p.value_dim, scratch.lse[i]);
-      }
-      return;
-    }
-    Row batch[kMaxRows];
-    for (int64_t r = 0; r < item.row_count; ++r) {
-      const Row row = rows[item.rows_first + r];
-      batch[r] = {item.g * group + row.h, row.i};
-    }
-    attend_rows(context, item.b, batch, item.row_count, item.k_first, item.k_end, chunks == 1,
-                scratch);
-    for (int64_t r = 0; r < item.row_count; ++r) {
-      if (item.partial < 0) {
-        write(item.b, batch[r].h, batch[r].i, scratch.out + r * p.value_dim, scratch.lse[r]);
-      } else {
-        std::copy_n(scratch.out + r * p.value_dim, p.value_dim,
-                    partial_out.data() + (item.partial * kMaxRows + r) * p.value_dim);
-        partial_lse[item.partial * kMaxRows + r] = scratch.lse[r];
-      }
+    if (mode.rows) {
+      run_row_item(context, items[index], rows, chunks > 1, write, partials, scratch);
+    } else {
+      run_tile_item(context, items[index], write, scratch);
     }
   });
-  if (chunks == 1) return;
-
-  // ---- merge split-key partials, chunk by chunk in key order ----
-  std::vector<float> merged(p.value_dim);
-  for (size_t n = 0; n < items.size(); n += chunks) {
-    const Item& first = items[n];  // chunks of one (b, g, row batch) are consecutive
-    for (int64_t r = 0; r < first.row_count; ++r) {
-      const Row row = rows[first.rows_first + r];
-      const int64_t h = first.g * group + row.h;
-      const float sink = mods.sinks != nullptr ? mods.sinks[h] : -INFINITY;
-      const float row_lse =
-          merge_row(chunks, partial_out.data() + (first.partial * kMaxRows + r) * p.value_dim,
-                    kMaxRows * p.value_dim, partial_lse.data() + first.partial * kMaxRows + r,
-                    kMaxRows, sink, p.value_dim, merged.data());
-      write(first.b, h, row.i, merged.data(), row_lse);
-    }
-  }
+  if (chunks > 1) merge_split_keys(p, items, rows, chunks, partials, write);
 }
 
 }  // namespace maskattn::detail::fused

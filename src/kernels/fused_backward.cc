@@ -70,48 +70,37 @@ void store_all(const MutableTensorView& t, const float* values) {
   }
 }
 
-}  // namespace
+// Working memory: f32 copies of what is not f32 with contiguous rows, per-row D and LSE, the
+// per-chunk dQ partials (at most kTargetItems of them), dbias, and O(tile) scratch per thread.
+void require_backward_memory(const Problem& p, const TensorView& out, const TensorView& dout,
+                             const Gradients& grads) {
+  const int64_t rows = p.batch * p.q_heads * p.q_len, k_tiles = (p.k_len + T - 1) / T;
+  const auto copy = [](const TensorView& t, int64_t width) {
+    return rows_in_place(t, width) ? 0.0
+                                   : 4.0 * t.numel() / std::max<int64_t>(t.size(3), 1) * width;
+  };
+  const double dq_rows =
+      static_cast<double>(std::min<int64_t>(kTargetItems, std::max<int64_t>(k_tiles, 1))) * rows;
+  const double bytes =
+      copy(p.q, padded(p.head_dim)) + copy(dout, padded(p.value_dim)) + copy(out, p.value_dim) +
+      8.0 * rows + 4.0 * dq_rows * padded(p.head_dim) +
+      4.0 * static_cast<double>(grads.dbias.is_null() ? 0 : grads.dbias.numel()) +
+      4.0 * T * (3.0 * p.head_dim + 3.0 * p.value_dim + 3 * T + 16) * thread_count(p);
+  require_memory(bytes, "attention_backward (fused kernel) for q " + p.q.shape_string() + ", k " +
+                            p.k.shape_string());
+}
 
-void backward(const Problem& problem, const TensorView& out, const TensorView& lse,
-              const TensorView& dout, const Gradients& grads, bool block_skipping) {
-  const Problem& p = problem;
-  const int threads = thread_count(p);
-  const int64_t rows = p.batch * p.q_heads * p.q_len;
-  const int64_t q_tiles = (p.q_len + T - 1) / T, k_tiles = (p.k_len + T - 1) / T;
-  const ResolvedMods& mods = *p.mods;
-
-  {
-    // Working memory: f32 copies of what is not f32 with contiguous rows, per-row D and LSE, the
-    // per-chunk dQ partials (at most kTargetItems of them), dbias, and O(tile) scratch per thread.
-    const auto copy = [](const TensorView& t, int64_t width) {
-      return rows_in_place(t, width) ? 0.0
-                                     : 4.0 * t.numel() / std::max<int64_t>(t.size(3), 1) * width;
-    };
-    const double dq_rows =
-        static_cast<double>(std::min<int64_t>(kTargetItems, std::max<int64_t>(k_tiles, 1))) * rows;
-    const double bytes =
-        copy(p.q, padded(p.head_dim)) + copy(dout, padded(p.value_dim)) + copy(out, p.value_dim) +
-        8.0 * rows + 4.0 * dq_rows * padded(p.head_dim) +
-        4.0 * static_cast<double>(grads.dbias.is_null() ? 0 : grads.dbias.numel()) +
-        4.0 * T * (3.0 * p.head_dim + 3.0 * p.value_dim + 3 * T + 16) * threads;
-    require_memory(bytes, "attention_backward (fused kernel) for q " + p.q.shape_string() + ", k " +
-                              p.k.shape_string());
-  }
-
-  BackwardContext c;
-  c.problem = &p;
-  c.q = f32_rows(p.q, padded(p.head_dim), reused<float, Backward, 0>(), threads);
-  c.dout = f32_rows(dout, padded(p.value_dim), reused<float, Backward, 1>(), threads);
-  const F32Rows o = f32_rows(out, p.value_dim, reused<float, Backward, 2>(), threads);
-
-  // ---- per row: the LSE (contiguous), D_i = Σ_e dO_ie·O_ie; per query tile: finiteness ----
+// Per row: the LSE (contiguous) and D_i = Σ_e dO_ie·O_ie; per query tile: whether Q and dO are
+// finite. Filled into c.lse, c.delta, c.q_tile_finite (buffers this thread keeps).
+void prepare_rows(const Problem& p, const TensorView& lse, const F32Rows& o, BackwardContext& c) {
+  const int64_t rows = p.batch * p.q_heads * p.q_len, q_tiles = (p.q_len + T - 1) / T;
   std::vector<float>& row_state = reused<float, Backward, 3>();
   row_state.resize(2 * rows);
   float* lse_rows = row_state.data();
   float* delta = row_state.data() + rows;
   std::vector<uint8_t>& q_finite = reused<uint8_t, Backward>();
   q_finite.resize(p.batch * p.q_heads * q_tiles);
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(thread_count(p))
   for (int64_t tile = 0; tile < p.batch * p.q_heads * q_tiles; ++tile) {
     const int64_t bh = tile / q_tiles, b = bh / p.q_heads, h = bh % p.q_heads;
     const int64_t i_end = std::min(p.q_len, (tile % q_tiles + 1) * T);
@@ -131,38 +120,30 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
   c.lse = lse_rows;
   c.delta = delta;
   c.q_tile_finite = q_finite.data();
+}
 
-  // ∂L/∂σ_h = −Σ_{b,i} exp(σ_h − LSE_bhi)·D_bhi: the sink is a key with no value (fixed order).
-  if (!grads.dsinks.is_null()) {
-    for (int64_t h = 0; h < p.q_heads; ++h) {
-      double sum = 0.0;
-      for (int64_t b = 0; b < p.batch; ++b) {
-        for (int64_t i = 0; i < p.q_len; ++i) {
-          const int64_t row = (b * p.q_heads + h) * p.q_len + i;
-          if (lse_rows[row] == -INFINITY) continue;
-          sum -= std::exp(double{mods.sinks[h]} - lse_rows[row]) * delta[row];
-        }
+// ∂L/∂σ_h = −Σ_{b,i} exp(σ_h − LSE_bhi)·D_bhi: the sink is a key with no value (fixed order).
+void store_sink_gradients(const Problem& p, const BackwardContext& c,
+                          const MutableTensorView& dsinks) {
+  for (int64_t h = 0; h < p.q_heads; ++h) {
+    double sum = 0.0;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      for (int64_t i = 0; i < p.q_len; ++i) {
+        const int64_t row = (b * p.q_heads + h) * p.q_len + i;
+        if (c.lse[row] == -INFINITY) continue;
+        sum -= std::exp(double{p.mods->sinks[h]} - c.lse[row]) * c.delta[row];
       }
-      store_float(grads.dsinks, h * grads.dsinks.stride(0), static_cast<float>(sum));
     }
+    store_float(dsinks, h * dsinks.stride(0), static_cast<float>(sum));
   }
+}
 
-  // ---- plan ----
-  const BlockMap blocks(*p.mask, T, T, block_skipping);
-  const TileMaskBuilder tile_masks(*p.mask);
-  c.blocks = &blocks;
-  c.tile_masks = &tile_masks;
-  c.score_mods = mods.softcap || mods.alibi_slopes != nullptr || mods.bias != nullptr ||
-                 mods.threshold || p.mask->has_additive();
-  c.dk = grads.dk;
-  c.dv = grads.dv;
-  std::vector<float>& dbias = reused<float, Backward, 4>();
-  const bool with_dbias = !grads.dbias.is_null();
-  if (with_dbias) {
-    dbias.assign(grads.dbias.numel(), 0.0f);
-    c.dbias = dbias.data();
-  }
-  const auto& bias_stride = mods.bias_index.stride;
+// Items (b range, kv head range, chunk), costed in non-empty tile pairs; sets c.chunks. With
+// dbias, items that would add into the same bias element are merged (see the essay above).
+std::vector<BackwardItem> plan_items(const Problem& p, const BlockMap& blocks, bool with_dbias,
+                                     BackwardContext& c) {
+  const int64_t q_tiles = (p.q_len + T - 1) / T, k_tiles = (p.k_len + T - 1) / T;
+  const auto& bias_stride = p.mods->bias_index.stride;
   const bool all_batches = with_dbias && bias_stride[0] == 0 && p.batch > 1;
   const bool all_kv_heads = with_dbias && bias_stride[1] == 0 && p.kv_heads > 1;
   const int64_t b_items = all_batches ? 1 : p.batch, g_items = all_kv_heads ? 1 : p.kv_heads;
@@ -172,7 +153,6 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
   if (with_dbias && bias_stride[3] == 0) c.chunks = 1;  // every key tile adds into one column
 
   std::vector<BackwardItem> items;
-  std::vector<int64_t> costs;
   const int64_t group = p.kv_heads > 0 ? p.q_heads / p.kv_heads : 0;
   for (int64_t bi = 0; bi < b_items; ++bi) {
     for (int64_t gi = 0; gi < g_items; ++gi) {
@@ -193,30 +173,28 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
           }
         }
         items.push_back(item);
-        costs.push_back(item.cost + 1);
       }
     }
   }
+  return items;
+}
 
-  // ---- run ----
-  c.dq_width = padded(p.head_dim);
-  c.dv_width = padded(p.value_dim);
+// Zeroed per-chunk dQ partials [chunks][rows][dq_width] into c.dq_partial.
+void clear_dq_partials(const Problem& p, BackwardContext& c) {
+  const int64_t dq_rows = c.chunks * p.batch * p.q_heads * p.q_len;
   std::vector<float>& dq_partial = reused<float, Backward, 5>();
-  const int64_t dq_rows = c.chunks * rows;
   dq_partial.resize(dq_rows * c.dq_width);
   c.dq_partial = dq_partial.data();
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(thread_count(p))
   for (int64_t row = 0; row < (c.dq_width > 0 ? dq_rows : 0); ++row) {
     std::memset(c.dq_partial + row * c.dq_width, 0, c.dq_width * sizeof(float));
   }
-  run_longest_first(costs, p.threads, [&](int64_t n) {
-    thread_local BackwardScratch scratch;
-    scratch.reserve(p.head_dim, p.value_dim);
-    backward_item(c, items[n], scratch);
-  });
+}
 
-  // ---- dQ = scale·Σ_chunk partial, chunks in order ----
-#pragma omp parallel num_threads(threads)
+// dQ = scale·Σ_chunk partial, chunks in order, rounded once into dq's dtype.
+void store_dq(const Problem& p, const BackwardContext& c, const MutableTensorView& dq) {
+  const int64_t rows = p.batch * p.q_heads * p.q_len;
+#pragma omp parallel num_threads(thread_count(p))
   {
     std::vector<float> sum(c.dq_width);
 #pragma omp for schedule(static)
@@ -229,10 +207,57 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
       for (int64_t d = 0; d < p.head_dim; ++d) sum[d] *= static_cast<float>(p.scale);
       const int64_t i = row % p.q_len, h = row / p.q_len % p.q_heads;
       const int64_t b = row / (p.q_len * p.q_heads);
-      store_row(grads.dq, grads.dq.offset({b, h, i, 0}), grads.dq.stride(3), sum.data(),
-                p.head_dim);
+      store_row(dq, dq.offset({b, h, i, 0}), dq.stride(3), sum.data(), p.head_dim);
     }
   }
+}
+
+}  // namespace
+
+void backward(const Problem& problem, const TensorView& out, const TensorView& lse,
+              const TensorView& dout, const Gradients& grads, bool block_skipping) {
+  const Problem& p = problem;
+  require_backward_memory(p, out, dout, grads);
+  const int threads = thread_count(p);
+  const ResolvedMods& mods = *p.mods;
+
+  BackwardContext c;
+  c.problem = &p;
+  c.q = f32_rows(p.q, padded(p.head_dim), reused<float, Backward, 0>(), threads);
+  c.dout = f32_rows(dout, padded(p.value_dim), reused<float, Backward, 1>(), threads);
+  const F32Rows o = f32_rows(out, p.value_dim, reused<float, Backward, 2>(), threads);
+  prepare_rows(p, lse, o, c);
+  if (!grads.dsinks.is_null()) store_sink_gradients(p, c, grads.dsinks);
+
+  // ---- plan ----
+  const BlockMap blocks(*p.mask, T, T, block_skipping);
+  const TileMaskBuilder tile_masks(*p.mask);
+  c.blocks = &blocks;
+  c.tile_masks = &tile_masks;
+  c.score_mods = mods.softcap || mods.alibi_slopes != nullptr || mods.bias != nullptr ||
+                 mods.threshold || p.mask->has_additive();
+  c.dk = grads.dk;
+  c.dv = grads.dv;
+  std::vector<float>& dbias = reused<float, Backward, 4>();
+  const bool with_dbias = !grads.dbias.is_null();
+  if (with_dbias) {
+    dbias.assign(grads.dbias.numel(), 0.0f);
+    c.dbias = dbias.data();
+  }
+  const std::vector<BackwardItem> items = plan_items(p, blocks, with_dbias, c);
+
+  // ---- run; then dQ from its partials ----
+  c.dq_width = padded(p.head_dim);
+  c.dv_width = padded(p.value_dim);
+  clear_dq_partials(p, c);
+  std::vector<int64_t> costs(items.size());
+  for (size_t n = 0; n < items.size(); ++n) costs[n] = items[n].cost + 1;
+  run_longest_first(costs, p.threads, [&](int64_t n) {
+    thread_local BackwardScratch scratch;
+    scratch.reserve(p.head_dim, p.value_dim);
+    backward_item(c, items[n], scratch);
+  });
+  store_dq(p, c, grads.dq);
   if (with_dbias) store_all(grads.dbias, dbias.data());
 }
 
