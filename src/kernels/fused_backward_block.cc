@@ -39,6 +39,7 @@
 #include "kernels/fused_block.h"
 #include "kernels/product-inl.h"
 #include "kernels/score_chain-inl.h"
+#include "kernels/scratch_arena.h"
 #include "kernels/simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -328,21 +329,16 @@ void BackwardScratch::reserve(int64_t head_dim, int64_t value_dim) {
   head_dim_ = std::max(head_dim, head_dim_);
   value_dim_ = std::max(value_dim, value_dim_);
   const int64_t d = head_dim_, e = value_dim_, T = kBackwardTile;
-  const auto padded = [](int64_t floats) { return (floats + 15) / 16 * 16; };  // 64-byte pieces
-  const int64_t d_padded = padded(d), e_padded = padded(e);
-  const int64_t sizes[] = {d * T,        T * d_padded, e * T,
-                           T * T,        T * T,        T * T,
-                           T * d_padded, T * e_padded, std::max(d_padded, e_padded)};
-  int64_t total = 16;
-  for (int64_t size : sizes) total += padded(size);
-  storage_.assign(total, 0.0f);
-  float* next = storage_.data();
-  next += (16 - (reinterpret_cast<uintptr_t>(next) / sizeof(float)) % 16) % 16;
-  float** pieces[] = {&k_t, &k_rows, &v_t, &s, &ds, &cap_grad, &dk, &dv, &row};
-  for (size_t n = 0; n < std::size(pieces); ++n) {
-    *pieces[n] = next;
-    next += padded(sizes[n]);
-  }
+  const int64_t d_padded = (d + 15) / 16 * 16, e_padded = (e + 15) / 16 * 16;
+  carve_scratch(storage_, {{&k_t, d * T},
+                           {&k_rows, T * d_padded},
+                           {&v_t, e * T},
+                           {&s, T * T},
+                           {&ds, T * T},
+                           {&cap_grad, T * T},
+                           {&dk, T * d_padded},
+                           {&dv, T * e_padded},
+                           {&row, std::max(d_padded, e_padded)}});
   bits_.assign(2 * T, 0);
   bits = bits_.data();
 }

@@ -41,6 +41,7 @@
 #include "kernels/convert-inl.h"
 #include "kernels/fused_block.h"
 #include "kernels/score_chain-inl.h"
+#include "kernels/scratch_arena.h"
 #include "kernels/simd-inl.h"
 #include "kernels/softmax-inl.h"
 
@@ -367,23 +368,18 @@ void Scratch::reserve(int64_t head_dim, int64_t value_dim) {
   head_dim_ = std::max(head_dim, head_dim_);
   value_dim_ = std::max(value_dim, value_dim_);
   const int64_t d = head_dim_, dv = value_dim_;
-  // Every piece starts on a 64-byte boundary.
-  const auto padded = [](int64_t floats) { return (floats + 15) / 16 * 16; };
-  const int64_t sizes[] = {padded(d * kTileQ),  padded(kTileQ * d),      padded(kTileK * d),
-                           padded(kTileK * dv), padded(kTileK * kTileQ), padded(dv * kTileQ),
-                           padded(kTileQ),      padded(kTileQ),          padded(kTileQ),
-                           padded(kTileQ * dv), padded(kTileQ),          padded(kTileQ)};
-  int64_t total = 16;
-  for (int64_t size : sizes) total += size;
-  storage_.assign(total, 0.0f);
-  float* next = storage_.data();
-  next += (16 - (reinterpret_cast<uintptr_t>(next) / sizeof(float)) % 16) % 16;
-  float** pieces[] = {&q_t,     &q_rows,  &k,     &v,   &s,   &o,
-                      &row_max, &row_sum, &alpha, &out, &lse, &poisoned};
-  for (size_t n = 0; n < std::size(pieces); ++n) {
-    *pieces[n] = next;
-    next += sizes[n];
-  }
+  carve_scratch(storage_, {{&q_t, d * kTileQ},
+                           {&q_rows, kTileQ * d},
+                           {&k, kTileK * d},
+                           {&v, kTileK * dv},
+                           {&s, kTileK * kTileQ},
+                           {&o, dv * kTileQ},
+                           {&row_max, kTileQ},
+                           {&row_sum, kTileQ},
+                           {&alpha, kTileQ},
+                           {&out, kTileQ * dv},
+                           {&lse, kTileQ},
+                           {&poisoned, kTileQ}});
   bits_.assign(kTileQ + kTileK, 0);
   allowed = bits_.data();
   const int64_t q_pairs_size = (d + 1) / 2 * kTileQ, p_pairs_size = kTileK / 2 * kTileQ;
