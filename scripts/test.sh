@@ -1,9 +1,29 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it: formatting, a warnings-as-errors release build with
 # every test, then the same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
+#
+#   scripts/test.sh           the full suite (what CI runs)
+#   scripts/test.sh --quick   the edit–test loop: release build, every test but the long kernel
+#                             sweeps (label `sweep`, tests/CMakeLists.txt); no formatting, no
+#                             sanitizers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
+
+case "${1:-}" in
+  "") ;;
+  --quick)
+    cmake --preset release -DMASKATTN_WERROR=ON >/dev/null
+    cmake --build --preset release -j "$jobs"
+    ctest --preset release -j "$jobs" --label-exclude sweep
+    echo "test: quick subset passed (the full suite is scripts/test.sh with no argument)"
+    exit 0
+    ;;
+  *)
+    echo "usage: scripts/test.sh [--quick]" >&2
+    exit 2
+    ;;
+esac
 
 scripts/install-deps.sh
 scripts/check-format.sh
