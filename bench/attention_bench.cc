@@ -1,4 +1,4 @@
-// Google Benchmark suite: the issues' target shapes (B=1, H=8, D=64 unless said), fused kernel,
+// Google Benchmark suite: the benchmark targets' shapes (B=1, H=8, D=64 unless said), fused kernel,
 // all threads. Counters: GF/s on allowed pairs and on the dense equivalent (2·(D + Dv) flops per
 // pair for the forward; 2.5× that, the five products, for the backward). Ratios between cases
 // (causal vs dense, backward vs forward, bf16 vs f32, …) are read from one run; bench/compare adds

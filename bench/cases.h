@@ -1,5 +1,5 @@
 // Benchmark cases shared by attention_bench (Google Benchmark) and attention_run (bench/compare):
-// the shapes and masks of the targets, with exact counts of allowed pairs.
+// the shapes and masks of the benchmark targets (docs/benchmarks.md), with exact counts of allowed pairs.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +24,7 @@ Mask make_mask(const Case& c);
 // Pairs the mask allows (B·H·Σ rows), and the dense equivalent B·H·Lq·Lk.
 double allowed_pairs(const Case& c);
 double dense_pairs(const Case& c);
-// 2·(D + Dv) flops per pair (DESIGN.md §6).
+// 2·(D + Dv) flops per pair (docs/design.md §6).
 double flops_per_pair(const Case& c);
 
 // Inputs and outputs of one case in its dtype, filled with reproducible values in [-1, 1).

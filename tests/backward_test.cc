@@ -1,6 +1,6 @@
 // attention_backward(): the f64 reference against central finite differences (gradcheck), the
-// fused kernel against the reference over the DESIGN.md §5 sweep with the "2× naive error + 1e-6"
-// rule, and the exact properties: hidden rows and keys get zero gradients, garbage at hidden
+// fused kernel against the reference over the docs/design.md §5 sweep with the "2× naive error +
+// 1e-6" rule, and the exact properties: hidden rows and keys get zero gradients, garbage at hidden
 // positions changes nothing, results are bitwise the same for any thread count and with block
 // skipping off.
 #include <cmath>
@@ -129,7 +129,7 @@ Grads naive(const Problem& p, DType dtype, const Mask& mask, const std::vector<f
   return g;
 }
 
-// DESIGN.md §5: the fused gradients' max error against the f64 reference (on the same rounded
+// docs/design.md §5: the fused gradients' max error against the f64 reference (on the same rounded
 // inputs) is at most 2× the naive implementation's in the same dtype, plus 1e-6, per tensor.
 void expect_within_rule(const Problem& p, DType dtype, const Mask& mask, const std::string& what) {
   const std::vector<float> dout = random_dout(p, p.q.size() + 3);

@@ -69,7 +69,7 @@ TEST(Float16, TiesGoToEvenAndOverflowGoesToInfinity) {
   EXPECT_EQ(float16_from_float(65504.0f).bits, 0x7BFF);
   EXPECT_EQ(float16_from_float(65519.0f).bits, 0x7BFF);
   EXPECT_EQ(float16_from_float(65520.0f).bits, 0x7C00);  // the midpoint to 2^16 rounds to inf
-  EXPECT_EQ(float16_from_float(-1e9f).bits, 0xFC00);     // the seeds' -1e9 is -inf in f16
+  EXPECT_EQ(float16_from_float(-1e9f).bits, 0xFC00);     // the tutorials' -1e9 is -inf in f16
   EXPECT_EQ(float16_from_float(0x1p-24f).bits, 0x0001);  // smallest subnormal
   EXPECT_EQ(float16_from_float(0x1p-25f).bits, 0x0000);  // tie to even (zero)
   EXPECT_EQ(float16_from_float(-0.0f).bits, 0x8000);

@@ -1,6 +1,6 @@
-// The fused kernel against the f64 reference (DESIGN.md §5): a sweep over sizes around the tile
-// edges, head dims, GQA, every mask component, dtypes and layouts, with the rule "max error at most
-// 2× the error of a naive implementation in the same dtype, plus 1e-6"; and the bit-exact
+// The fused kernel against the f64 reference (docs/design.md §5): a sweep over sizes around the
+// tile edges, head dims, GQA, every mask component, dtypes and layouts, with the rule "max error at
+// most 2× the error of a naive implementation in the same dtype, plus 1e-6"; and the bit-exact
 // properties: thread counts, block skipping on/off, split-key merging.
 #include <cmath>
 #include <cstring>
@@ -81,7 +81,7 @@ std::vector<float> naive(const Problem& p, DType dtype, const Mask& mask) {
   return test::DTypeBuffer(out, dtype).floats(out.size());
 }
 
-// The DESIGN.md §5 rule, on outputs and on the LSE.
+// The docs/design.md §5 rule, on outputs and on the LSE.
 void expect_within_rule(const Problem& p, DType dtype, const Mask& mask, const std::string& what) {
   const Result fused = run_kernel(p, dtype, mask, {}, Kernel::fused);
   // The oracle: the f64 reference on the same (rounded) inputs, its output kept in f32.

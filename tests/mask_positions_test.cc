@@ -1,4 +1,5 @@
-// Positions (DESIGN.md §2): how each query lines up with the keys, per alignment and padding form.
+// Positions (docs/design.md §2): how each query lines up with the keys, per alignment and padding
+// form.
 #include "mask/resolved_mask.h"
 #include "test_util.h"
 

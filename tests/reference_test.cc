@@ -1,6 +1,6 @@
 // The f64 reference kernel: the worked example, the fully-hidden-row rule in every dtype, LSE,
-// GQA, strided layouts, thread-count determinism, and the DESIGN.md §5 properties. An independent
-// naive implementation (materialised mask, plain loops) cross-checks random problems.
+// GQA, strided layouts, thread-count determinism, and the docs/design.md §5 properties. An
+// independent naive implementation (materialised mask, plain loops) cross-checks random problems.
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -23,7 +23,7 @@ std::vector<float> run(const Tensors& t, const Mask& mask = {}, const ScoreMods&
   return out;
 }
 
-// Independent oracle, written straight from DESIGN.md without maskattn's mask code: `allowed`
+// Independent oracle, written straight from docs/design.md without maskattn's mask code: `allowed`
 // and `adjust` (what the modifiers add to the scaled score) are per-case lambdas below.
 using PairFn = std::function<bool(int64_t b, int64_t h, int64_t i, int64_t j)>;
 using AdjustFn = std::function<double(int64_t b, int64_t h, int64_t i, int64_t j, double s)>;
@@ -67,17 +67,17 @@ int64_t floor_div(int64_t a, int64_t b) {
   return a >= 0 ? a / b : -((-a + b - 1) / b);
 }
 
-TEST(WorkedExample, SeedWeightsAndOutput) {
+TEST(WorkedExample, PublishedWeightsAndOutput) {
   const std::vector<float> x = {1, 0, 1, 0, 0, 1, 0, 1, 1, 1, 0, 0};
   const TensorView q(x.data(), {1, 1, 3, 4});
   std::vector<float> weights(9), out(12);
   attention_weights(q, q, MutableTensorView(weights.data(), {1, 1, 3, 3}), Mask().causal());
   attention(q, q, q, MutableTensorView(out.data(), {1, 1, 3, 4}), Mask().causal());
-  const std::vector<double> seed_weights = {1, 0, 0, 0.269, 0.731, 0, 0.274, 0.274, 0.452};
-  const std::vector<double> seed_output = {1,     0,     1,     0,     0.269, 0.731,
+  const std::vector<double> published_weights = {1, 0, 0, 0.269, 0.731, 0, 0.274, 0.274, 0.452};
+  const std::vector<double> published_output = {1,     0,     1,     0,     0.269, 0.731,
                                            0.269, 0.731, 0.726, 0.726, 0.274, 0.274};
-  for (int n = 0; n < 9; ++n) EXPECT_NEAR(weights[n], seed_weights[n], 5e-4) << n;
-  for (int n = 0; n < 12; ++n) EXPECT_NEAR(out[n], seed_output[n], 5e-4) << n;
+  for (int n = 0; n < 9; ++n) EXPECT_NEAR(weights[n], published_weights[n], 5e-4) << n;
+  for (int n = 0; n < 12; ++n) EXPECT_NEAR(out[n], published_output[n], 5e-4) << n;
   // Exactly: row 1 is softmax([0, 1]); row 2 is softmax([0.5, 0.5, 1]).
   const double e = std::exp(1.0), h = std::exp(0.5);
   EXPECT_FLOAT_EQ(weights[3], 1 / (1 + e));

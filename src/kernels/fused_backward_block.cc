@@ -1,8 +1,8 @@
 // The fused backward kernel's inner loops, compiled once per SIMD target (Highway runtime
 // dispatch).
 //
-// Design (FlashAttention-2's backward, DESIGN.md §4). A work item owns key tiles: for each of its
-// 64-key tiles it walks every 64-query tile of every query head sharing the kv head, in a fixed
+// Design (FlashAttention-2's backward, docs/design.md §4). A work item owns key tiles: for each of
+// its 64-key tiles it walks every 64-query tile of every query head sharing the kv head, in a fixed
 // order, recomputing the scores and weights from the forward's LSE instead of storing them:
 //
 //     S = Q·(scale·K)ᵀ   (+ modifiers, mask)        P = exp(S − LSE)

@@ -1,6 +1,7 @@
 // The fused backward's unit of work: one chunk of key tiles of one (b, kv head), walked against
-// every query tile the mask lets see it (FlashAttention-2's backward, DESIGN.md §4). Compiled once
-// per SIMD target (Highway) and dispatched at run time; see fused_backward_block.cc for the design.
+// every query tile the mask lets see it (FlashAttention-2's backward, docs/design.md §4). Compiled
+// once per SIMD target (Highway) and dispatched at run time; see fused_backward_block.cc for the
+// design.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // The f64 reference kernel: the oracle every faster kernel is tested against.
 //
-// It follows DESIGN.md §1–3 literally, one query row at a time: scores of the row in f64, the
+// It follows docs/design.md §1–3 literally, one query row at a time: scores of the row in f64, the
 // modifiers in their fixed order, hidden pairs removed, a plain max-subtracted softmax, O = P·V.
 // Scratch is O(Lk + D) per thread; nothing of size Lq·Lk is allocated.
 #pragma once

@@ -1,5 +1,5 @@
-// Uses only the installed headers and library: the worked example of seed 001 through the public
-// API. Exits 0 when the output matches the seed to 3 decimals.
+// Uses only the installed headers and library: the 'I love dog' worked example through the public
+// API. Exits 0 when the output matches the example's published numbers to 3 decimals.
 #include <cmath>
 #include <cstdio>
 #include <vector>
