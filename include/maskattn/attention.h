@@ -98,12 +98,7 @@ void attention_scores(const TensorView& q, const TensorView& k, const MutableTen
 
 // The mask alone, evaluated for a problem size: [B, Hq, Lq, Lk], 1 = allowed. Content-dependent
 // parts (threshold, score_fn) are not part of a mask and are not shown; additive −inf entries hide.
-struct MaskShape {
-  int64_t batch = 1;
-  int64_t q_heads = 1;
-  int64_t q_len = 0;
-  int64_t k_len = 0;
-};
+// MaskShape is in mask.h.
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape);
 // The block map kernels use (DESIGN.md §4): [B, Hq, ⌈Lq/tile_q⌉, ⌈Lk/tile_k⌉] with 0 = empty
 // (skipped), 1 = full (no mask work), 2 = partial (element mask). The fused kernel uses 64 × 64.

@@ -83,7 +83,7 @@ BlockMap::BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, boo
   }
 
   // Dense masks and predicates: one scan per problem size, kept in the Mask's cache.
-  ScanCache& cache = mask.mask_->scan_cache();
+  ScanCache& cache = MaskInternals::scan_cache(*mask.mask_);
   const auto scan = [&](int64_t batch, int64_t heads, auto&& classify_pair) {
     ScannedKinds kinds;
     kinds.batch = batch;
