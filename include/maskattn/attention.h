@@ -30,9 +30,6 @@ struct Options {
   bool check_finite = false;    // raise an Error naming the first NaN/Inf in Q, K or V
   Kernel kernel = Kernel::automatic;
   int threads = 0;  // 0 = OpenMP's default (all cores); at most kMaxThreads
-  // Debugging switch: false makes the fused kernel visit every tile with the element mask (no
-  // skipping, no mask-free tiles). Results must be the same; only the time changes.
-  bool block_skipping = true;
 };
 
 inline constexpr int kMaxThreads = 1024;
