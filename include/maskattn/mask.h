@@ -111,7 +111,7 @@ struct Prefix {
 struct DenseBool {
   enum class Polarity : uint8_t {
     keep,     // 1 = may attend (PyTorch SDPA bool attn_mask)
-    blocked,  // 1 = hidden (masked_fill, nn.MultiheadAttention, the seeds)
+    blocked,  // 1 = hidden (masked_fill, nn.MultiheadAttention, tutorials' triu(ones, 1) masks)
   };
   Polarity polarity = Polarity::keep;
   Array<uint8_t> values;  // 0 or 1
