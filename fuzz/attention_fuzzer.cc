@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/block_skipping.h"
 #include "core/element.h"
 #include "maskattn/attention.h"
 #include "maskattn/dtype.h"
@@ -161,9 +162,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   Options options;
   options.threads = in.ConsumeIntegralInRange<int>(1, 3);
-  options.block_skipping = in.ConsumeBool();
+  const detail::ScopedBlockSkipping scoped_skipping(in.ConsumeBool());
   g_case += " threads " + std::to_string(options.threads) +
-            (options.block_skipping ? "" : " no-skipping");
+            (detail::block_skipping() ? "" : " no-skipping");
   Tensor out_fused(dtype, {B, Hq, Lq, Dv}), out_exact(dtype, {B, Hq, Lq, Dv});
   Tensor lse_fused(DType::f32, {B, Hq, Lq}), lse_exact(DType::f32, {B, Hq, Lq});
   bool fused_failed = false, exact_failed = false;

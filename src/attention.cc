@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/block_skipping.h"
 #include "core/element.h"
 #include "kernels/fused.h"
 #include "kernels/merge.h"
@@ -71,7 +72,7 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v,
     if (options.kernel == Kernel::reference) {
       detail::reference::forward(checked, out, lse);
     } else {
-      detail::fused::forward(checked, out, lse, options.block_skipping);
+      detail::fused::forward(checked, out, lse, detail::block_skipping());
     }
   });
 }

@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "core/block_skipping.h"
 #include "kernels/fused_backward.h"
 #include "kernels/reference.h"
 #include "maskattn/attention.h"
@@ -80,7 +81,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
     if (options.kernel == Kernel::reference) {
       detail::reference::backward(checked, dout, grads);
     } else {
-      detail::fused::backward(checked, out, lse, dout, grads, options.block_skipping);
+      detail::fused::backward(checked, out, lse, dout, grads, detail::block_skipping());
     }
   });
 }

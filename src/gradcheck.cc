@@ -63,18 +63,15 @@ double default_tolerance(DType dtype) {
   return 1e-4;
 }
 
-}  // namespace
+// What attention_backward() returns, run as the caller would run it (forward, then backward).
+struct AnalyticGradients {
+  GradientBuffer dq, dk, dv;
+  std::optional<GradientBuffer> dbias, dsinks;
+};
 
-GradcheckReport gradcheck(const TensorView& q, const TensorView& k, const TensorView& v,
-                          const TensorView& dout, const Mask& mask, const ScoreMods& mods,
-                          const Options& options, const GradcheckOptions& check) {
-  if (!(check.step > 0) || !std::isfinite(check.step)) {
-    throw Error("gradcheck: step = " + std::to_string(check.step) + " must be finite and > 0");
-  }
-  if (check.tolerance && !(*check.tolerance >= 0)) {
-    throw Error("gradcheck: tolerance must be ≥ 0");
-  }
-  // ---- analytic: the forward and backward as the caller would run them ----
+AnalyticGradients analytic_gradients(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const TensorView& dout, const Mask& mask,
+                                     const ScoreMods& mods, const Options& options) {
   detail::Problem shape = detail::make_problem(q, k, &v, options);
   // Gradients and f32 copies of the inputs (4 bytes each, about three times over), the f64 output.
   require_memory(
@@ -86,18 +83,62 @@ GradcheckReport gradcheck(const TensorView& q, const TensorView& k, const Tensor
   const MutableTensorView lse_view(lse.data(), {shape.batch, shape.q_heads, shape.q_len});
   attention(q, k, v, out.view(), mask, mods, options, lse_view);
 
-  GradientBuffer dq(q.sizes(), q.dtype()), dk(k.sizes(), q.dtype()), dv(v.sizes(), q.dtype());
-  std::optional<GradientBuffer> dbias, dsinks;
-  Gradients grads{dq.view(), dk.view(), dv.view(), {}, {}};
+  AnalyticGradients g{GradientBuffer(q.sizes(), q.dtype()), GradientBuffer(k.sizes(), q.dtype()),
+                      GradientBuffer(v.sizes(), q.dtype()), std::nullopt, std::nullopt};
+  Gradients grads{g.dq.view(), g.dk.view(), g.dv.view(), {}, {}};
   if (mods.bias) {
-    dbias.emplace(mods.bias->shape(), DType::f32);
-    grads.dbias = dbias->view();
+    g.dbias.emplace(mods.bias->shape(), DType::f32);
+    grads.dbias = g.dbias->view();
   }
   if (!mods.sinks.empty()) {
-    dsinks.emplace(Dims{static_cast<int64_t>(mods.sinks.size())}, DType::f32);
-    grads.dsinks = dsinks->view();
+    g.dsinks.emplace(Dims{static_cast<int64_t>(mods.sinks.size())}, DType::f32);
+    grads.dsinks = g.dsinks->view();
   }
   attention_backward(q, k, v, out.view(), lse_view, dout, grads, mask, mods, options);
+  return g;
+}
+
+// Central differences of `loss` for every value of `inputs` (each moved by ±step in place, then
+// restored), compared with the analytic gradient.
+GradcheckEntry compare_gradient(const std::string& name, std::vector<float>& inputs, double step,
+                                const std::function<double()>& loss,
+                                const std::function<double(int64_t)>& analytic) {
+  GradcheckEntry entry;
+  entry.tensor = name;
+  entry.count = static_cast<int64_t>(inputs.size());
+  double max_error = 0.0, max_fd = 0.0;
+  for (size_t n = 0; n < inputs.size(); ++n) {
+    const float x = inputs[n];
+    const float up = static_cast<float>(x + step);
+    const float down = static_cast<float>(x - step);
+    inputs[n] = up;
+    const double loss_up = loss();
+    inputs[n] = down;
+    const double loss_down = loss();
+    inputs[n] = x;
+    const double fd = (loss_up - loss_down) / (double{up} - double{down});
+    const double error = std::fabs(analytic(static_cast<int64_t>(n)) - fd);
+    max_error = std::isnan(error) ? NAN : std::max(max_error, error);
+    max_fd = std::max(max_fd, std::fabs(fd));
+  }
+  entry.max_abs_error = max_error;
+  entry.max_magnitude = max_fd;
+  entry.max_relative_error = max_fd > 0 ? max_error / max_fd : max_error;
+  return entry;
+}
+
+}  // namespace
+
+GradcheckReport gradcheck(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& dout, const Mask& mask, const ScoreMods& mods,
+                          const Options& options, const GradcheckOptions& check) {
+  if (!(check.step > 0) || !std::isfinite(check.step)) {
+    throw Error("gradcheck: step = " + std::to_string(check.step) + " must be finite and > 0");
+  }
+  if (check.tolerance && !(*check.tolerance >= 0)) {
+    throw Error("gradcheck: tolerance must be ≥ 0");
+  }
+  const AnalyticGradients analytic = analytic_gradients(q, k, v, dout, mask, mods, options);
 
   // ---- finite differences of L = Σ dout∘O, f64 reference forward ----
   F32Copy qc(q), kc(k), vc(v), weights(dout);
@@ -111,6 +152,7 @@ GradcheckReport gradcheck(const TensorView& q, const TensorView& k, const Tensor
   if (!mods.sinks.empty()) resolved_mods.sinks = sink_values.data();
   p.mask = &resolved_mask;
   p.mods = &resolved_mods;
+  const Dims out_shape = {p.batch, p.q_heads, p.q_len, p.value_dim};
   std::vector<double> o(static_cast<size_t>(checked_numel(out_shape, "out")));
   const auto loss = [&] {
     detail::reference::forward_f64(p, o.data());
@@ -123,36 +165,17 @@ GradcheckReport gradcheck(const TensorView& q, const TensorView& k, const Tensor
   report.tolerance = check.tolerance.value_or(default_tolerance(q.dtype()));
   report.passed = true;
   const auto compare = [&](const std::string& name, std::vector<float>& inputs,
-                           const std::function<double(int64_t)>& analytic) {
-    GradcheckEntry entry;
-    entry.tensor = name;
-    entry.count = static_cast<int64_t>(inputs.size());
-    double max_error = 0.0, max_fd = 0.0;
-    for (size_t n = 0; n < inputs.size(); ++n) {
-      const float x = inputs[n];
-      const float up = static_cast<float>(x + check.step);
-      const float down = static_cast<float>(x - check.step);
-      inputs[n] = up;
-      const double loss_up = loss();
-      inputs[n] = down;
-      const double loss_down = loss();
-      inputs[n] = x;
-      const double fd = (loss_up - loss_down) / (double{up} - double{down});
-      const double error = std::fabs(analytic(static_cast<int64_t>(n)) - fd);
-      max_error = std::isnan(error) ? NAN : std::max(max_error, error);
-      max_fd = std::max(max_fd, std::fabs(fd));
-    }
-    entry.max_abs_error = max_error;
-    entry.max_magnitude = max_fd;
-    entry.max_relative_error = max_fd > 0 ? max_error / max_fd : max_error;
+                           const GradientBuffer& gradient) {
+    const GradcheckEntry entry =
+        compare_gradient(name, inputs, check.step, loss, [&](int64_t n) { return gradient.at(n); });
     report.passed &= entry.max_relative_error <= report.tolerance;  // false for NaN
     report.entries.push_back(entry);
   };
-  compare("dq", qc.values, [&](int64_t n) { return dq.at(n); });
-  compare("dk", kc.values, [&](int64_t n) { return dk.at(n); });
-  compare("dv", vc.values, [&](int64_t n) { return dv.at(n); });
-  if (dbias) compare("dbias", bias_values, [&](int64_t n) { return dbias->at(n); });
-  if (dsinks) compare("dsinks", sink_values, [&](int64_t n) { return dsinks->at(n); });
+  compare("dq", qc.values, analytic.dq);
+  compare("dk", kc.values, analytic.dk);
+  compare("dv", vc.values, analytic.dv);
+  if (analytic.dbias) compare("dbias", bias_values, *analytic.dbias);
+  if (analytic.dsinks) compare("dsinks", sink_values, *analytic.dsinks);
   return report;
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/block_skipping.h"
 #include "kernels/fused_backward_block.h"
 #include "maskattn/gradcheck.h"
 #include "test_util.h"
@@ -60,7 +61,7 @@ Grads run_kernel(const Problem& p, DType dtype, const Mask& mask, const ScoreMod
   Options options;
   options.kernel = kernel;
   options.threads = threads;
-  options.block_skipping = skipping;
+  const detail::ScopedBlockSkipping scoped_skipping(skipping);
   return run_backward(p, dtype, mask, mods, options, dout);
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 
+#include "core/block_skipping.h"
 #include "kernels/fused_block.h"
 #include "test_util.h"
 
@@ -38,7 +39,7 @@ Result run_kernel(const Problem& p, DType dtype, const Mask& mask, const ScoreMo
   Options options;
   options.kernel = kernel;
   options.threads = threads;
-  options.block_skipping = skipping;
+  const detail::ScopedBlockSkipping scoped_skipping(skipping);
   return run(p, dtype, mask, mods, options);
 }
 

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "test_util.h"
+#include "viz/heatmap_render.h"
 #include "viz/stb.h"
 
 namespace maskattn {
@@ -63,7 +64,7 @@ TEST(Heatmap, PngHasTheLayoutsSizeAndColoursAtKnownCells) {
   const HeatmapLabels labels{{"I", "love", "dog"}, {"<bos>", "I", "love", "dog"}};
   write_heatmap(dir.path("h.png"), panels, labels);
   const Decoded png = decode_png(dir.path("h.png"));
-  const HeatmapLayout layout = heatmap_layout(panels, labels);
+  const detail::HeatmapLayout layout = detail::heatmap_layout(panels, labels);
   ASSERT_EQ(png.width, layout.width);
   ASSERT_EQ(png.height, layout.height);
   ASSERT_EQ(layout.panels.size(), 2u);
@@ -87,7 +88,7 @@ TEST(Heatmap, PngHasTheLayoutsSizeAndColoursAtKnownCells) {
   }
   EXPECT_TRUE(hatched);
   // The render matches the file pixel for pixel.
-  EXPECT_EQ(render_heatmap(panels, labels).rgb, png.rgb);
+  EXPECT_EQ(detail::render_heatmap(panels, labels).rgb, png.rgb);
 }
 
 TEST(Heatmap, SvgNamesEveryCellAndLabel) {
@@ -140,7 +141,7 @@ TEST(CliHeatmap, MaskAndAttendWriteTheirHeatmaps) {
   panel.cols = 4;
   panel.allowed = allowed_pairs(Mask().causal(), {1, 1, 3, 4}).values();
   const HeatmapLabels labels{{"I", "love", "dog"}, {"<bos>", "I", "love", "dog"}};
-  const HeatmapLayout layout = heatmap_layout({panel}, labels);
+  const detail::HeatmapLayout layout = detail::heatmap_layout({panel}, labels);
   EXPECT_EQ(png.width, layout.width);
   EXPECT_EQ(png.height, layout.height);
   EXPECT_EQ(png.at(layout.cell_x(0, 1), layout.cell_y(0, 0)), kAllowedColour);  // I → I

@@ -30,9 +30,6 @@ struct Options {
   bool check_finite = false;    // raise an Error naming the first NaN/Inf in Q, K or V
   Kernel kernel = Kernel::automatic;
   int threads = 0;  // 0 = OpenMP's default (all cores); at most kMaxThreads
-  // Debugging switch: false makes the fused kernel visit every tile with the element mask (no
-  // skipping, no mask-free tiles). Results must be the same; only the time changes.
-  bool block_skipping = true;
 };
 
 inline constexpr int kMaxThreads = 1024;
@@ -98,12 +95,7 @@ void attention_scores(const TensorView& q, const TensorView& k, const MutableTen
 
 // The mask alone, evaluated for a problem size: [B, Hq, Lq, Lk], 1 = allowed. Content-dependent
 // parts (threshold, score_fn) are not part of a mask and are not shown; additive −inf entries hide.
-struct MaskShape {
-  int64_t batch = 1;
-  int64_t q_heads = 1;
-  int64_t q_len = 0;
-  int64_t k_len = 0;
-};
+// MaskShape is in mask.h.
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape);
 // The block map kernels use (DESIGN.md §4): [B, Hq, ⌈Lq/tile_q⌉, ⌈Lk/tile_k⌉] with 0 = empty
 // (skipped), 1 = full (no mask work), 2 = partial (element mask). The fused kernel uses 64 × 64.

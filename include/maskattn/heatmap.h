@@ -41,28 +41,6 @@ inline constexpr Rgb kAllowedColour{33, 113, 181};  // mask panels: an allowed p
 inline constexpr Rgb kHiddenColour{189, 189, 189};  // hidden pairs: this grey, hatched with
 inline constexpr Rgb kHatchColour{115, 115, 115};   // diagonal lines of this one
 
-// Where things are drawn, in pixels (the PNG's; the SVG uses the same coordinates).
-struct HeatmapLayout {
-  int width = 0, height = 0;
-  int cell = 0;  // cell side
-  struct Origin {
-    int x, y;  // top-left corner of the panel's cell grid
-  };
-  std::vector<Origin> panels;
-  // The centre pixel of cell (row, col) of panel p.
-  int cell_x(size_t p, int64_t col) const;
-  int cell_y(size_t p, int64_t row) const;
-};
-HeatmapLayout heatmap_layout(const std::vector<HeatmapPanel>& panels, const HeatmapLabels& labels);
-
-// The PNG's pixels, RGB, row-major: for tests and for writing.
-struct HeatmapImage {
-  HeatmapLayout layout;
-  std::vector<uint8_t> rgb;  // width·height·3
-  Rgb at(int x, int y) const;
-};
-HeatmapImage render_heatmap(const std::vector<HeatmapPanel>& panels, const HeatmapLabels& labels);
-
 std::string heatmap_svg(const std::vector<HeatmapPanel>& panels, const HeatmapLabels& labels);
 
 // Writes FILE.png or FILE.svg by the extension; throws Error for another extension, an

@@ -26,8 +26,7 @@
 namespace maskattn {
 
 namespace detail {
-class ScanCache;
-std::shared_ptr<ScanCache> make_scan_cache();
+struct MaskInternals;  // the library's access to what a Mask caches (src/mask/scan_cache.h)
 }  // namespace detail
 
 // An unbounded side of a window: window(kUnbounded, 0) is causal.
@@ -112,7 +111,7 @@ struct Prefix {
 struct DenseBool {
   enum class Polarity : uint8_t {
     keep,     // 1 = may attend (PyTorch SDPA bool attn_mask)
-    blocked,  // 1 = hidden (masked_fill, nn.MultiheadAttention, the seeds)
+    blocked,  // 1 = hidden (masked_fill, nn.MultiheadAttention, tutorials' triu(ones, 1) masks)
   };
   Polarity polarity = Polarity::keep;
   Array<uint8_t> values;  // 0 or 1
@@ -133,6 +132,15 @@ struct Predicate {
 };
 
 }  // namespace component
+
+// The problem size a mask is evaluated for: [B, Hq, Lq, Lk] (allowed_pairs(), block_map(), the
+// audit).
+struct MaskShape {
+  int64_t batch = 1;
+  int64_t q_heads = 1;
+  int64_t q_len = 0;
+  int64_t k_len = 0;
+};
 
 using Component =
     std::variant<component::Window, component::Chunk, component::Padding, component::Segments,
@@ -196,19 +204,21 @@ class Mask {
 
   std::string describe() const;  // "causal & key_lengths[3]"; "none" for an empty mask
 
-  // Tile classifications of dense and predicate components, computed by one scan the first time
-  // a problem size needs them and reused by later calls (and by copies of this mask). Adding a
-  // component starts a new cache.
-  detail::ScanCache& scan_cache() const { return *scan_cache_; }
-
  private:
+  friend struct detail::MaskInternals;
+
   Mask& add(Component component, std::string label);
   Mask& add_padding(Side side, component::Padding::Form form, Array<int64_t> values, int64_t pad_id,
                     const char* name);
+  static std::shared_ptr<void> new_scan_cache();
 
   std::vector<Component> components_;
   std::vector<std::string> labels_;
-  std::shared_ptr<detail::ScanCache> scan_cache_ = detail::make_scan_cache();
+  // Tile classifications of dense and predicate components, computed by one scan the first time
+  // a problem size needs them and reused by later calls (and by copies of this mask), so that
+  // repeated calls do not rescan the mask's data. Adding a component starts a new cache. Its type
+  // is internal (src/mask/scan_cache.h); the library reaches it through detail::MaskInternals.
+  std::shared_ptr<void> scan_cache_ = new_scan_cache();
   Alignment alignment_ = Alignment::bottom_right;
   bool alignment_is_set_ = false;  // set explicitly (conflicts are errors), not by default
 };

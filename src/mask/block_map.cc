@@ -46,6 +46,58 @@ std::vector<BlockMap::Range> tile_ranges(const Array<int64_t>& ids, int64_t tile
   }
   return ranges;
 }
+
+// Prefix sums of real tokens for keep-vector and token-id padding ([B, L + 1]: real tokens among
+// [0, t) of sequence b at b * (L + 1) + t); empty for lengths and starts, which need none.
+std::vector<int64_t> real_token_prefix(const component::Padding& padding, int64_t batch,
+                                       int64_t length) {
+  std::vector<int64_t> prefix;
+  if (padding.form == Form::keep || padding.form == Form::token_ids) {
+    prefix.assign(batch * (length + 1), 0);
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t t = 0; t < length; ++t) {
+        const int64_t value = padding.values.at(b, t);
+        const bool real = padding.form == Form::keep ? value != 0 : value != padding.pad_id;
+        prefix[b * (length + 1) + t + 1] = prefix[b * (length + 1) + t] + real;
+      }
+    }
+  }
+  return prefix;
+}
+
+// The kind of every block of a [batch, heads] grid, from every pair of it:
+// classify_pair(b, h, i, j, any_hidden, any_allowed, any_work) sets what the pair shows.
+template <typename ClassifyPair>
+ScannedKinds scan_tiles(const BlockMap& map, const MaskShape& shape, int64_t batch, int64_t heads,
+                        ClassifyPair&& classify_pair) {
+  const int64_t tile_q = map.tile_q(), tile_k = map.tile_k();
+  ScannedKinds kinds;
+  kinds.batch = batch;
+  kinds.heads = heads;
+  kinds.q_tiles = map.q_tiles();
+  kinds.k_tiles = map.k_tiles();
+  kinds.kinds.resize(batch * heads * kinds.q_tiles * kinds.k_tiles);
+  size_t n = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t qt = 0; qt < kinds.q_tiles; ++qt) {
+        for (int64_t kt = 0; kt < kinds.k_tiles; ++kt) {
+          bool any_hidden = false, any_allowed = false, any_work = false;
+          for (int64_t i = qt * tile_q; i < std::min(shape.q_len, (qt + 1) * tile_q); ++i) {
+            for (int64_t j = kt * tile_k; j < std::min(shape.k_len, (kt + 1) * tile_k); ++j) {
+              classify_pair(b, h, i, j, any_hidden, any_allowed, any_work);
+            }
+          }
+          kinds.kinds[n++] = !any_allowed             ? TileKind::empty
+                             : any_hidden || any_work ? TileKind::partial
+                                                      : TileKind::full;
+        }
+      }
+    }
+  }
+  return kinds;
+}
+
 }  // namespace
 
 BlockMap::BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, bool skipping)
@@ -57,68 +109,33 @@ BlockMap::BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, boo
       skipping_(skipping) {
   if (!skipping_) return;
   const MaskShape& shape = mask.shape();
-  const auto counts_of = [&](const component::Padding* padding, int64_t length) {
-    PaddingCounts counts{padding, {}};
-    if (padding->form == Form::keep || padding->form == Form::token_ids) {
-      counts.prefix.assign(shape.batch * (length + 1), 0);
-      for (int64_t b = 0; b < shape.batch; ++b) {
-        for (int64_t t = 0; t < length; ++t) {
-          const int64_t value = padding->values.at(b, t);
-          const bool real = padding->form == Form::keep ? value != 0 : value != padding->pad_id;
-          counts.prefix[b * (length + 1) + t + 1] = counts.prefix[b * (length + 1) + t] + real;
-        }
-      }
-    }
-    return counts;
-  };
   for (const component::Padding* padding : mask.query_padding_) {
-    query_counts_.push_back(counts_of(padding, shape.q_len));
+    query_counts_.push_back({padding, real_token_prefix(*padding, shape.batch, shape.q_len)});
   }
   for (const component::Padding* padding : mask.key_padding_) {
-    key_counts_.push_back(counts_of(padding, shape.k_len));
+    key_counts_.push_back({padding, real_token_prefix(*padding, shape.batch, shape.k_len)});
   }
   for (const component::Segments* segments : mask.segments_) {
     segment_q_.push_back(tile_ranges(segments->query_ids, tile_q_, q_tiles_));
     segment_k_.push_back(tile_ranges(segments->key_ids, tile_k_, k_tiles_));
   }
+  scan_data_components();
+}
 
-  // Dense masks and predicates: one scan per problem size, kept in the Mask's cache.
-  ScanCache& cache = mask.mask_->scan_cache();
-  const auto scan = [&](int64_t batch, int64_t heads, auto&& classify_pair) {
-    ScannedKinds kinds;
-    kinds.batch = batch;
-    kinds.heads = heads;
-    kinds.q_tiles = q_tiles_;
-    kinds.k_tiles = k_tiles_;
-    kinds.kinds.resize(batch * heads * q_tiles_ * k_tiles_);
-    size_t n = 0;
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t qt = 0; qt < q_tiles_; ++qt) {
-          for (int64_t kt = 0; kt < k_tiles_; ++kt) {
-            bool any_hidden = false, any_allowed = false, any_work = false;
-            for (int64_t i = qt * tile_q_; i < std::min(shape.q_len, (qt + 1) * tile_q_); ++i) {
-              for (int64_t j = kt * tile_k_; j < std::min(shape.k_len, (kt + 1) * tile_k_); ++j) {
-                classify_pair(b, h, i, j, any_hidden, any_allowed, any_work);
-              }
-            }
-            kinds.kinds[n++] = !any_allowed             ? TileKind::empty
-                               : any_hidden || any_work ? TileKind::partial
-                                                        : TileKind::full;
-          }
-        }
-      }
-    }
-    return kinds;
-  };
+void BlockMap::scan_data_components() {
+  // One scan per problem size, kept in the Mask's cache.
+  const ResolvedMask& mask = mask_;
+  const MaskShape& shape = mask.shape();
+  ScanCache& cache = MaskInternals::scan_cache(*mask.mask_);
+  // A dense mask broadcast along an axis is scanned once along it.
   const auto extent = [&](const BroadcastStrides& index, int axis, int64_t size) {
     return index.stride[axis] == 0 ? int64_t{1} : size;
   };
   for (const ResolvedMask::DenseRef& dense : mask.dense_bool_) {
     scanned_.push_back(cache.get(shape, tile_q_, tile_k_, dense.component, [&] {
       const auto* values = static_cast<const uint8_t*>(dense.values);
-      return scan(
-          extent(dense.index, 0, shape.batch), extent(dense.index, 1, shape.q_heads),
+      return scan_tiles(
+          *this, shape, extent(dense.index, 0, shape.batch), extent(dense.index, 1, shape.q_heads),
           [&](int64_t b, int64_t h, int64_t i, int64_t j, bool& hidden, bool& allowed, bool&) {
             const bool on = (values[dense.index.offset(b, h, i, j)] != 0) != dense.blocked;
             (on ? allowed : hidden) = true;
@@ -128,8 +145,8 @@ BlockMap::BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, boo
   for (const ResolvedMask::DenseRef& dense : mask.additive_) {
     scanned_.push_back(cache.get(shape, tile_q_, tile_k_, dense.component, [&] {
       const auto* values = static_cast<const float*>(dense.values);
-      return scan(
-          extent(dense.index, 0, shape.batch), extent(dense.index, 1, shape.q_heads),
+      return scan_tiles(
+          *this, shape, extent(dense.index, 0, shape.batch), extent(dense.index, 1, shape.q_heads),
           [&](int64_t b, int64_t h, int64_t i, int64_t j, bool& hidden, bool& allowed, bool& work) {
             const float value = values[dense.index.offset(b, h, i, j)];
             if (value == -INFINITY) {
@@ -143,9 +160,11 @@ BlockMap::BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, boo
   }
   for (const ResolvedMask::PredicateRef& ref : mask.predicates_) {
     scanned_.push_back(cache.get(shape, tile_q_, tile_k_, ref.component, [&] {
-      return scan(shape.batch, shape.q_heads,
-                  [&](int64_t b, int64_t h, int64_t i, int64_t j, bool& hidden, bool& allowed,
-                      bool&) { (ref.predicate->allows(b, h, i, j) ? allowed : hidden) = true; });
+      return scan_tiles(
+          *this, shape, shape.batch, shape.q_heads,
+          [&](int64_t b, int64_t h, int64_t i, int64_t j, bool& hidden, bool& allowed, bool&) {
+            (ref.predicate->allows(b, h, i, j) ? allowed : hidden) = true;
+          });
     }));
   }
 }

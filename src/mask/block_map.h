@@ -46,6 +46,9 @@ class BlockMap {
     std::vector<int64_t> prefix;
   };
 
+  // Dense masks and predicates: their blocks classified by one scan of the data (cached in the
+  // Mask, so later calls for the same problem size do not rescan).
+  void scan_data_components();
   TileKind padding_kind(const component::Padding& padding, const PaddingCounts* counts, int64_t b,
                         int64_t first, int64_t end, int64_t length) const;
   TileKind order_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_end, int64_t k_first,

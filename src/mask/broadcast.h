@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "maskattn/attention.h"
+#include "maskattn/mask.h"
 #include "maskattn/shape.h"
 
 namespace maskattn::detail {

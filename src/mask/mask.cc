@@ -102,7 +102,7 @@ void require_dense(const Array<T>& values, const std::string& what) {
 }  // namespace
 
 Mask& Mask::add(Component component, std::string label) {
-  scan_cache_ = detail::make_scan_cache();  // classifications of the old component list
+  scan_cache_ = new_scan_cache();  // classifications of the old component list
   components_.push_back(std::move(component));
   labels_.push_back(std::move(label));
   return *this;

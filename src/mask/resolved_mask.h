@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "mask/broadcast.h"
-#include "maskattn/attention.h"
 #include "maskattn/mask.h"
 
 namespace maskattn::detail {

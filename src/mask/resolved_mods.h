@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "mask/broadcast.h"
-#include "maskattn/attention.h"
+#include "maskattn/mask.h"
 #include "maskattn/score_mods.h"
 
 namespace maskattn::detail {

@@ -1,10 +1,12 @@
 #include "mask/scan_cache.h"
 
-namespace maskattn::detail {
+namespace maskattn {
 
-std::shared_ptr<ScanCache> make_scan_cache() {
-  return std::make_shared<ScanCache>();
+std::shared_ptr<void> Mask::new_scan_cache() {
+  return std::make_shared<detail::ScanCache>();
 }
+
+namespace detail {
 
 std::shared_ptr<const ScannedKinds> ScanCache::get(const MaskShape& shape, int64_t tile_q,
                                                    int64_t tile_k, size_t index,
@@ -23,4 +25,5 @@ std::shared_ptr<const ScannedKinds> ScanCache::get(const MaskShape& shape, int64
   return kinds;
 }
 
-}  // namespace maskattn::detail
+}  // namespace detail
+}  // namespace maskattn

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <vector>
 
-#include "maskattn/attention.h"
+#include "maskattn/mask.h"
 
 namespace maskattn::detail {
 
@@ -48,6 +48,13 @@ class ScanCache {
 
   std::mutex mutex_;
   std::vector<Entry> entries_;
+};
+
+// The Mask's cache, which mask.h keeps opaque so that ScanCache stays out of the installed headers.
+struct MaskInternals {
+  static ScanCache& scan_cache(const Mask& mask) {
+    return *static_cast<ScanCache*>(mask.scan_cache_.get());
+  }
 };
 
 }  // namespace maskattn::detail

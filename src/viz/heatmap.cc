@@ -1,6 +1,6 @@
 // Heatmap rendering: one layout, drawn either into an RGB image (PNG through stb_image_write,
 // text through stb_easy_font's quads) or as SVG elements at the same coordinates.
-#include "maskattn/heatmap.h"
+#include "viz/heatmap_render.h"
 
 #include <algorithm>
 #include <cmath>
@@ -201,6 +201,8 @@ std::vector<HeatmapPanel> heatmap_panels(const Array<uint8_t>& allowed,
   return panels;
 }
 
+namespace detail {
+
 int HeatmapLayout::cell_x(size_t p, int64_t col) const {
   return panels[p].x + static_cast<int>(col) * cell + cell / 2;
 }
@@ -294,10 +296,14 @@ HeatmapImage render_heatmap(const std::vector<HeatmapPanel>& panels, const Heatm
   return image;
 }
 
-std::string heatmap_svg(const std::vector<HeatmapPanel>& panels, const HeatmapLabels& labels) {
-  const HeatmapLayout L = heatmap_layout(panels, labels);
-  const Margins m = margins(panels, labels, L.cell);
-  const int64_t step = label_step(L.cell);
+}  // namespace detail
+
+namespace {
+
+using detail::HeatmapLayout;
+
+// The SVG's root element, the hatch pattern of hidden cells and a white background.
+std::string svg_header(const HeatmapLayout& L) {
   std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(L.width) +
                     "\" height=\"" + std::to_string(L.height) + "\" font-family=\"monospace\" " +
                     "font-size=\"8\">\n";
@@ -311,48 +317,62 @@ std::string heatmap_svg(const std::vector<HeatmapPanel>& panels, const HeatmapLa
       "\" stroke-width=\"1\"/>"
       "</pattern></defs>\n";
   svg += "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
+  return svg;
+}
+
+// Panel n: its title, one titled <rect> per cell (hovering shows the pair and its weight), and
+// the row and column labels.
+std::string svg_panel(const std::vector<HeatmapPanel>& panels, size_t n,
+                      const HeatmapLabels& labels, const HeatmapLayout& L) {
+  const Margins m = margins(panels, labels, L.cell);
+  const int64_t step = label_step(L.cell);
   const std::string cell = std::to_string(L.cell);
-  for (size_t n = 0; n < panels.size(); ++n) {
-    const HeatmapPanel& p = panels[n];
-    const int x0 = L.panels[n].x, y0 = L.panels[n].y;
-    svg += "<g class=\"panel\"><text x=\"" + std::to_string(x0 - m.row_labels) + "\" y=\"" +
-           std::to_string(y0 - m.col_labels - 4) + "\">" + escape(p.title) + "</text>\n";
-    for (int64_t i = 0; i < p.rows; ++i) {
-      for (int64_t j = 0; j < p.cols; ++j) {
-        const size_t index = static_cast<size_t>(i * p.cols + j);
-        std::string fill_colour;
-        std::string title;
-        if (!p.allowed[index]) {
-          fill_colour = "url(#hidden)";
-          title = "hidden";
-        } else if (p.weights.empty()) {
-          fill_colour = hex(kAllowedColour);
-          title = "allowed";
-        } else {
-          fill_colour = hex(weight_colour(p.weights[index]));
-          char text[32];
-          std::snprintf(text, sizeof text, "%.4f", p.weights[index]);
-          title = text;
-        }
-        svg += "<rect x=\"" + std::to_string(x0 + j * L.cell) + "\" y=\"" +
-               std::to_string(y0 + i * L.cell) + "\" width=\"" + cell + "\" height=\"" + cell +
-               "\" fill=\"" + fill_colour + "\"><title>" + escape(row_label(labels, i)) + " → " +
-               escape(col_label(labels, j)) + ": " + title + "</title></rect>\n";
+  const HeatmapPanel& p = panels[n];
+  const int x0 = L.panels[n].x, y0 = L.panels[n].y;
+  std::string svg = "<g class=\"panel\"><text x=\"" + std::to_string(x0 - m.row_labels) +
+                    "\" y=\"" + std::to_string(y0 - m.col_labels - 4) + "\">" + escape(p.title) +
+                    "</text>\n";
+  for (int64_t i = 0; i < p.rows; ++i) {
+    for (int64_t j = 0; j < p.cols; ++j) {
+      const size_t index = static_cast<size_t>(i * p.cols + j);
+      std::string fill_colour;
+      std::string title;
+      if (!p.allowed[index]) {
+        fill_colour = "url(#hidden)";
+        title = "hidden";
+      } else if (p.weights.empty()) {
+        fill_colour = hex(kAllowedColour);
+        title = "allowed";
+      } else {
+        fill_colour = hex(weight_colour(p.weights[index]));
+        char text[32];
+        std::snprintf(text, sizeof text, "%.4f", p.weights[index]);
+        title = text;
       }
+      svg += "<rect x=\"" + std::to_string(x0 + j * L.cell) + "\" y=\"" +
+             std::to_string(y0 + i * L.cell) + "\" width=\"" + cell + "\" height=\"" + cell +
+             "\" fill=\"" + fill_colour + "\"><title>" + escape(row_label(labels, i)) + " → " +
+             escape(col_label(labels, j)) + ": " + title + "</title></rect>\n";
     }
-    for (int64_t i = 0; i < p.rows; i += step) {
-      svg += "<text x=\"" + std::to_string(x0 - 3) + "\" y=\"" +
-             std::to_string(y0 + i * L.cell + L.cell / 2 + 3) + "\" text-anchor=\"end\">" +
-             escape(row_label(labels, i)) + "</text>\n";
-    }
-    for (int64_t j = 0; j < p.cols; j += step) {
-      const int x = x0 + static_cast<int>(j) * L.cell + L.cell / 2 + 3, y = y0 - 3;
-      svg += "<text x=\"" + std::to_string(x) + "\" y=\"" + std::to_string(y) +
-             "\" transform=\"rotate(-90 " + std::to_string(x) + " " + std::to_string(y) + ")\">" +
-             escape(col_label(labels, j)) + "</text>\n";
-    }
-    svg += "</g>\n";
   }
+  for (int64_t i = 0; i < p.rows; i += step) {
+    svg += "<text x=\"" + std::to_string(x0 - 3) + "\" y=\"" +
+           std::to_string(y0 + i * L.cell + L.cell / 2 + 3) + "\" text-anchor=\"end\">" +
+           escape(row_label(labels, i)) + "</text>\n";
+  }
+  for (int64_t j = 0; j < p.cols; j += step) {
+    const int x = x0 + static_cast<int>(j) * L.cell + L.cell / 2 + 3, y = y0 - 3;
+    svg += "<text x=\"" + std::to_string(x) + "\" y=\"" + std::to_string(y) +
+           "\" transform=\"rotate(-90 " + std::to_string(x) + " " + std::to_string(y) + ")\">" +
+           escape(col_label(labels, j)) + "</text>\n";
+  }
+  svg += "</g>\n";
+  return svg;
+}
+
+// The legend: the weight scale (or the allowed swatch for a mask) and the hidden swatch.
+std::string svg_legend(const std::vector<HeatmapPanel>& panels, const HeatmapLayout& L) {
+  std::string svg;
   const int lx = L.width - kLegendWidth + 8;
   int ly = kMargin + kTitleHeight;
   if (has_weights(panels)) {
@@ -376,6 +396,16 @@ std::string heatmap_svg(const std::vector<HeatmapPanel>& panels, const HeatmapLa
   svg += "<rect x=\"" + std::to_string(lx) + "\" y=\"" + std::to_string(ly) +
          "\" width=\"14\" height=\"14\" fill=\"url(#hidden)\"/><text x=\"" +
          std::to_string(lx + 18) + "\" y=\"" + std::to_string(ly + 10) + "\">hidden</text>\n";
+  return svg;
+}
+
+}  // namespace
+
+std::string heatmap_svg(const std::vector<HeatmapPanel>& panels, const HeatmapLabels& labels) {
+  const HeatmapLayout L = detail::heatmap_layout(panels, labels);
+  std::string svg = svg_header(L);
+  for (size_t n = 0; n < panels.size(); ++n) svg += svg_panel(panels, n, labels, L);
+  svg += svg_legend(panels, L);
   svg += "</svg>\n";
   return svg;
 }
@@ -387,7 +417,7 @@ void write_heatmap(const std::string& path, const std::vector<HeatmapPanel>& pan
            path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   if (ends_with(".png")) {
-    const HeatmapImage image = render_heatmap(panels, labels);
+    const detail::HeatmapImage image = detail::render_heatmap(panels, labels);
     if (!stbi_write_png(path.c_str(), image.layout.width, image.layout.height, 3, image.rgb.data(),
                         image.layout.width * 3)) {
       throw Error("cannot write heatmap '" + path + "'");

@@ -77,6 +77,65 @@ void additive_warnings(const Mask& mask, const ScoreMods& mods, DType dtype,
   }
 }
 
+// One problem's values as health_report() computed them: scores and weights [B, H, L, M], the
+// mask's allowed pairs, and the outputs [B, H, L, Dv].
+struct Evaluated {
+  int64_t heads, q_len, k_len, value_dim;
+  const std::vector<float>& scaled;
+  const std::vector<float>& final_scores;
+  const std::vector<float>& weights;
+  const Array<uint8_t>& allowed;
+  TensorView out;
+};
+
+// The statistics of head h of sequence b.
+HeadHealth head_health(const Evaluated& e, int64_t b, int64_t h) {
+  const int64_t H = e.heads, L = e.q_len, M = e.k_len, Dv = e.value_dim;
+  HeadHealth head;
+  head.b = b;
+  head.h = h;
+  double lo = INFINITY, hi = -INFINITY, logit = -INFINITY, entropy = 0;
+  int64_t hidden = 0, rows_with_keys = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    const int64_t row = (b * H + h) * L + i;
+    bool any = false;
+    double row_entropy = 0;
+    for (int64_t j = 0; j < M; ++j) {
+      const int64_t n = row * M + j;
+      const float s = e.final_scores[n];
+      if (!e.allowed.values()[n] || s == -INFINITY) {
+        ++hidden;
+        continue;
+      }
+      any = true;
+      if (std::isnan(s)) ++head.nan_count;
+      if (std::isinf(s)) ++head.inf_count;
+      lo = std::min(lo, double{e.scaled[n]});
+      hi = std::max(hi, double{e.scaled[n]});
+      logit = std::max(logit, double{s});
+      const double p = e.weights[n];
+      if (p > 0) row_entropy -= p * std::log(p);
+    }
+    if (any) {
+      ++rows_with_keys;
+      entropy += row_entropy;
+    } else {
+      ++head.empty_rows;
+    }
+    for (int64_t c = 0; c < Dv; ++c) {
+      const float o = detail::load_float(e.out, row * Dv + c);
+      if (std::isnan(o)) ++head.nan_count;
+      if (std::isinf(o)) ++head.inf_count;
+    }
+  }
+  head.score_min = rows_with_keys > 0 ? lo : NAN;
+  head.score_max = rows_with_keys > 0 ? hi : NAN;
+  head.max_logit = rows_with_keys > 0 ? logit : NAN;
+  head.mean_entropy = rows_with_keys > 0 ? entropy / rows_with_keys : 0.0;
+  head.hidden_fraction = L * M > 0 ? static_cast<double>(hidden) / (L * M) : 0.0;
+  return head;
+}
+
 }  // namespace
 
 HealthReport health_report(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -106,51 +165,10 @@ HealthReport health_report(const TensorView& q, const TensorView& k, const Tenso
   const Array<uint8_t> allowed = allowed_pairs(mask, {B, H, L, M});
 
   HealthReport report;
+  const Evaluated evaluated{H, L, M, Dv, scaled, final_scores, weights, allowed, out_view};
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H && static_cast<int64_t>(report.heads.size()) < max_heads; ++h) {
-      HeadHealth head;
-      head.b = b;
-      head.h = h;
-      double lo = INFINITY, hi = -INFINITY, logit = -INFINITY, entropy = 0;
-      int64_t hidden = 0, rows_with_keys = 0;
-      for (int64_t i = 0; i < L; ++i) {
-        const int64_t row = (b * H + h) * L + i;
-        bool any = false;
-        double row_entropy = 0;
-        for (int64_t j = 0; j < M; ++j) {
-          const int64_t n = row * M + j;
-          const float s = final_scores[n];
-          if (!allowed.values()[n] || s == -INFINITY) {
-            ++hidden;
-            continue;
-          }
-          any = true;
-          if (std::isnan(s)) ++head.nan_count;
-          if (std::isinf(s)) ++head.inf_count;
-          lo = std::min(lo, double{scaled[n]});
-          hi = std::max(hi, double{scaled[n]});
-          logit = std::max(logit, double{s});
-          const double p = weights[n];
-          if (p > 0) row_entropy -= p * std::log(p);
-        }
-        if (any) {
-          ++rows_with_keys;
-          entropy += row_entropy;
-        } else {
-          ++head.empty_rows;
-        }
-        for (int64_t e = 0; e < Dv; ++e) {
-          const float o = detail::load_float(out_view, row * Dv + e);
-          if (std::isnan(o)) ++head.nan_count;
-          if (std::isinf(o)) ++head.inf_count;
-        }
-      }
-      head.score_min = rows_with_keys > 0 ? lo : NAN;
-      head.score_max = rows_with_keys > 0 ? hi : NAN;
-      head.max_logit = rows_with_keys > 0 ? logit : NAN;
-      head.mean_entropy = rows_with_keys > 0 ? entropy / rows_with_keys : 0.0;
-      head.hidden_fraction = L * M > 0 ? static_cast<double>(hidden) / (L * M) : 0.0;
-      report.heads.push_back(head);
+      report.heads.push_back(head_health(evaluated, b, h));
     }
   }
   additive_warnings(mask, mods, q.dtype(), allowed, final_scores, report.warnings);

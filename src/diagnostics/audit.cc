@@ -32,11 +32,8 @@ struct Buffer {
   MutableTensorView mutable_view() { return MutableTensorView(words.data(), dtype, shape); }
 };
 
-}  // namespace
-
-AuditReport audit_mask(const Mask& mask, const ScoreMods& mods, const Mask* expected,
-                       const AuditOptions& o) {
-  const int64_t kv_heads = o.kv_heads > 0 ? o.kv_heads : o.q_heads;
+// The audit's limits: each key costs one attention call over the whole problem.
+void require_audit_size(const AuditOptions& o, int64_t kv_heads) {
   const std::pair<int64_t, const char*> sizes[] = {
       {o.batch, "batch"}, {o.q_heads, "q_heads"}, {kv_heads, "kv_heads"},
       {o.q_len, "q_len"}, {o.k_len, "k_len"},     {o.head_dim, "head_dim"}};
@@ -55,34 +52,20 @@ AuditReport audit_mask(const Mask& mask, const ScoreMods& mods, const Mask* expe
   require_memory(
       3.0 * pairs + 16.0 * o.batch * (o.q_heads * o.q_len + kv_heads * o.k_len) * o.head_dim,
       "audit");
+}
 
-  AuditReport report;
-  report.shape = {o.batch, o.q_heads, o.q_len, o.k_len};
-  report.allowed = allowed_pairs(mask, report.shape);
-  if (expected != nullptr) {
-    report.has_expected = true;
-    report.expected = allowed_pairs(*expected, report.shape);
-  }
-
-  // Random inputs: scores of moderate size, so that no allowed weight underflows.
-  std::mt19937_64 random(o.seed);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  Buffer q(o.dtype, {o.batch, o.q_heads, o.q_len, o.head_dim});
-  Buffer k(o.dtype, {o.batch, kv_heads, o.k_len, o.head_dim});
-  Buffer v(o.dtype, {o.batch, kv_heads, o.k_len, o.head_dim});
-  for (Buffer* t : {&q, &k, &v}) {
-    for (int64_t n = 0; n < static_cast<int64_t>(t->words.size()) / (o.dtype == DType::f32 ? 2 : 1);
-         ++n) {
-      t->set(n, uniform(random));
-    }
-  }
+// Influence [B, Hq, Lq, Lk]: 1 where moving key j (and value j) changes any bit of output row i.
+// q, k and v are the random inputs; k and v are put back after each key.
+std::vector<uint8_t> measure_influence(const Mask& mask, const ScoreMods& mods,
+                                       const AuditOptions& o, int64_t kv_heads, const Buffer& q,
+                                       Buffer& k, Buffer& v) {
   Options options;
   options.kernel = o.kernel;
   const Dims out_shape = {o.batch, o.q_heads, o.q_len, o.head_dim};
   Buffer baseline(o.dtype, out_shape), perturbed(o.dtype, out_shape);
   attention(q.view(), k.view(), v.view(), baseline.mutable_view(), mask, mods, options);
 
-  std::vector<uint8_t> influence(static_cast<size_t>(pairs), 0);
+  std::vector<uint8_t> influence(static_cast<size_t>(o.batch * o.q_heads * o.q_len * o.k_len), 0);
   for (int64_t j = 0; j < o.k_len; ++j) {
     // Move key j and value j of every (b, g) by a visible amount, then put them back.
     std::vector<float> saved;
@@ -118,15 +101,21 @@ AuditReport audit_mask(const Mask& mask, const ScoreMods& mods, const Mask* expe
       influence[static_cast<size_t>(row * o.k_len + j)] = changed;
     }
   }
-  report.influence = Array<uint8_t>({o.batch, o.q_heads, o.q_len, o.k_len}, influence);
+  return influence;
+}
 
+// Every pair compared: the mask against the measured influence (kernel leaks, silent pairs) and
+// against the expected mask (leaks, blind spots); rows that see no key.
+void classify_pairs(const std::vector<uint8_t>& influence, AuditReport& report) {
+  const MaskShape& shape = report.shape;
   const std::vector<uint8_t>& allowed = report.allowed.values();
-  for (int64_t b = 0; b < o.batch; ++b) {
-    for (int64_t h = 0; h < o.q_heads; ++h) {
-      for (int64_t i = 0; i < o.q_len; ++i) {
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    for (int64_t h = 0; h < shape.q_heads; ++h) {
+      for (int64_t i = 0; i < shape.q_len; ++i) {
         bool sees_any = false;
-        for (int64_t j = 0; j < o.k_len; ++j) {
-          const size_t n = static_cast<size_t>(((b * o.q_heads + h) * o.q_len + i) * o.k_len + j);
+        for (int64_t j = 0; j < shape.k_len; ++j) {
+          const size_t n =
+              static_cast<size_t>(((b * shape.q_heads + h) * shape.q_len + i) * shape.k_len + j);
           const AuditPair pair{b, h, i, j};
           sees_any |= allowed[n] != 0;
           (allowed[n] ? report.allowed_count : report.hidden_count) += 1;
@@ -142,6 +131,38 @@ AuditReport audit_mask(const Mask& mask, const ScoreMods& mods, const Mask* expe
       }
     }
   }
+}
+
+}  // namespace
+
+AuditReport audit_mask(const Mask& mask, const ScoreMods& mods, const Mask* expected,
+                       const AuditOptions& o) {
+  const int64_t kv_heads = o.kv_heads > 0 ? o.kv_heads : o.q_heads;
+  require_audit_size(o, kv_heads);
+
+  AuditReport report;
+  report.shape = {o.batch, o.q_heads, o.q_len, o.k_len};
+  report.allowed = allowed_pairs(mask, report.shape);
+  if (expected != nullptr) {
+    report.has_expected = true;
+    report.expected = allowed_pairs(*expected, report.shape);
+  }
+
+  // Random inputs: scores of moderate size, so that no allowed weight underflows.
+  std::mt19937_64 random(o.seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  Buffer q(o.dtype, {o.batch, o.q_heads, o.q_len, o.head_dim});
+  Buffer k(o.dtype, {o.batch, kv_heads, o.k_len, o.head_dim});
+  Buffer v(o.dtype, {o.batch, kv_heads, o.k_len, o.head_dim});
+  for (Buffer* t : {&q, &k, &v}) {
+    for (int64_t n = 0; n < static_cast<int64_t>(t->words.size()) / (o.dtype == DType::f32 ? 2 : 1);
+         ++n) {
+      t->set(n, uniform(random));
+    }
+  }
+  const std::vector<uint8_t> influence = measure_influence(mask, mods, o, kv_heads, q, k, v);
+  report.influence = Array<uint8_t>({o.batch, o.q_heads, o.q_len, o.k_len}, influence);
+  classify_pairs(influence, report);
   return report;
 }
 

@@ -1,3 +1,6 @@
+// Training data preparation (include/maskattn/tokens.h): the vocabulary and tokenizer, collate()
+// into padded batches, and the MLM and MAE masking of inputs. Not a mask component: it makes the
+// data that masks and attention are applied to.
 #include "maskattn/tokens.h"
 
 #include <algorithm>
