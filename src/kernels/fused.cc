@@ -21,10 +21,11 @@
 #include <vector>
 
 #include "core/element.h"
+#include "core/parallel.h"
+#include "core/reused.h"
 #include "kernels/bf16_dot.h"
 #include "kernels/fused_block.h"
 #include "kernels/merge.h"
-#include "kernels/work_items.h"
 #include "maskattn/memory.h"
 
 namespace maskattn::detail::fused {

@@ -18,9 +18,10 @@
 #include <vector>
 
 #include "core/element.h"
+#include "core/parallel.h"
+#include "core/reused.h"
 #include "kernels/fused_backward_block.h"
 #include "kernels/fused_block.h"
-#include "kernels/work_items.h"
 #include "maskattn/memory.h"
 
 namespace maskattn::detail::fused {
