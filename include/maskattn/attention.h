@@ -54,7 +54,8 @@ void merge_partials(const std::vector<PartialResult>& parts, const MutableTensor
 
 // ---- backward -----------------------------------------------------------------------------------
 //
-// Gradients of a loss L with respect to the inputs of attention(), given dO = ∂L/∂O (DESIGN.md §4):
+// Gradients of a loss L with respect to the inputs of attention(), given dO = ∂L/∂O (docs/design.md
+// §4):
 //   P = exp(S − LSE)   D_i = Σ_e dO_ie·O_ie   dV = Pᵀ·dO   dP = dO·Vᵀ   dS = P∘(dP − D)
 //   dQ = scale·dS'·K   dK = scale·dS'ᵀ·Q      with dS' = dS through the modifiers' chain rule
 // (softcap: ×(1 − tanh²(s/cap)); ALiBi, bias, additive masks: ×1; a pair below the threshold is
@@ -97,7 +98,7 @@ void attention_scores(const TensorView& q, const TensorView& k, const MutableTen
 // parts (threshold, score_fn) are not part of a mask and are not shown; additive −inf entries hide.
 // MaskShape is in mask.h.
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape);
-// The block map kernels use (DESIGN.md §4): [B, Hq, ⌈Lq/tile_q⌉, ⌈Lk/tile_k⌉] with 0 = empty
+// The block map kernels use (docs/design.md §4): [B, Hq, ⌈Lq/tile_q⌉, ⌈Lk/tile_k⌉] with 0 = empty
 // (skipped), 1 = full (no mask work), 2 = partial (element mask). The fused kernel uses 64 × 64.
 Array<uint8_t> block_map(const Mask& mask, const MaskShape& shape, int64_t tile_q = 64,
                          int64_t tile_k = 64);

@@ -1,6 +1,6 @@
 // The numeric health report: per head, what the scores and weights look like, and warnings about
-// additive masks whose finite values do not behave like hiding (DESIGN.md §3, docs/semantics.md
-// §5). A debugging tool: it materialises the [B, Hq, Lq, Lk] scores and weights.
+// additive masks whose finite values do not behave like hiding (docs/design.md §3,
+// docs/semantics.md §5). A debugging tool: it materialises the [B, Hq, Lq, Lk] scores and weights.
 #pragma once
 
 #include <cstdint>

@@ -3,8 +3,8 @@
 // appends fill it left to right, the same number of positions for every sequence, so that a batch
 // of prompts of different lengths is left padded: sequence b's first real token sits at column
 // starts[b], and the mask hides the columns before it and counts positions from it. A step's
-// queries are the last positions appended, aligned bottom-right (DESIGN.md §2): no offset argument
-// can go stale.
+// queries are the last positions appended, aligned bottom-right (docs/design.md §2): no offset
+// argument can go stale.
 #pragma once
 
 #include <cstdint>

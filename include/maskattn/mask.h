@@ -1,7 +1,8 @@
 // maskattn::Mask — which (query, key) pairs may attend. docs/semantics.md is the full definition.
 //
 // A Mask is a set of components; a pair (b, h, i, j) is allowed iff every component allows it.
-// Positions (DESIGN.md §2): key j of sequence b sits at kpos = j − key_start[b]; query i sits at
+// Positions (docs/design.md §2): key j of sequence b sits at kpos = j − key_start[b]; query i sits
+// at
 //   bottom-right (default): qpos = i + (Lk − Lq) − key_start[b]
 //                           (with query AND key lengths: i + key_len[b] − query_len[b] −
 //                           key_start[b])

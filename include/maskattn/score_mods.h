@@ -1,6 +1,6 @@
 // Score modifiers: what happens to the scaled score of an allowed pair before the softmax.
 //
-// Order, fixed (DESIGN.md §3):
+// Order, fixed (docs/design.md §3):
 //   s = scale·q·k → softcap → + ALiBi + bias + additive masks → score_fn → threshold
 //     → hide masked pairs (and pairs whose score is −inf) → softmax (with sinks in the denominator)
 // A hidden pair stays hidden whatever a modifier does.

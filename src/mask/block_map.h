@@ -1,5 +1,5 @@
-// The block map (DESIGN.md §4): every (query tile, key tile) block of a problem is empty, full or
-// partial. Structured components are classified in O(1) from the tile's corner positions (and
+// The block map (docs/design.md §4): every (query tile, key tile) block of a problem is empty, full
+// or partial. Structured components are classified in O(1) from the tile's corner positions (and
 // per-tile summaries of per-token arrays); dense masks and predicates by one scan, cached in the
 // Mask. A kernel skips empty blocks, runs no mask code on full ones and the element mask on
 // partial ones, so its cost follows the allowed pairs, not Lq·Lk.

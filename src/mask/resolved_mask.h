@@ -33,7 +33,7 @@ class ResolvedMask {
 
   const MaskShape& shape() const { return shape_; }
 
-  // Positions (DESIGN.md §2): qpos = i + q_shift[b], kpos = j + k_shift[b].
+  // Positions (docs/design.md §2): qpos = i + q_shift[b], kpos = j + k_shift[b].
   int64_t qpos(int64_t b, int64_t i) const { return i + q_shift_[b]; }
   int64_t kpos(int64_t b, int64_t j) const { return j + k_shift_[b]; }
 

@@ -1,5 +1,5 @@
 // Score modifiers checked against one problem size. Plain data: kernels apply them in the order
-// DESIGN.md §3 fixes (see score_mods.h). Keeps pointers into the ScoreMods it was built from.
+// docs/design.md §3 fixes (see score_mods.h). Keeps pointers into the ScoreMods it was built from.
 #pragma once
 
 #include <optional>
