@@ -73,10 +73,13 @@ HWY_INLINE hn::Mask<DF> PoisonedScores(DF df, VF s) {
 // Tile layout: s[j][i] for `rows` keys j and kLanes queries i (a multiple of the vector length).
 // Scores become weights exp(s − m'); row_max, row_sum and alpha (the factor by which the old sum
 // and output are rescaled) are updated per query, poisoned set for rows that met NaN or +inf.
+// With `first`/`end`, queries [c·block, (c+1)·block) read only key rows [first[c], end[c]): the
+// others are hidden for all of them, so they would add weights of exactly 0 (and change no max).
 template <int64_t kLanes>
 HWY_INLINE void SoftmaxStepColumns(float* HWY_RESTRICT s, int64_t rows, float* HWY_RESTRICT row_max,
                                    float* HWY_RESTRICT row_sum, float* HWY_RESTRICT alpha,
-                                   float* HWY_RESTRICT poisoned) {
+                                   float* HWY_RESTRICT poisoned, const int64_t* first = nullptr,
+                                   const int64_t* end = nullptr, int64_t block = kLanes) {
   using DF = hn::ScalableTag<float>;
   const DF df;
   const size_t N = hn::Lanes(df);
@@ -84,7 +87,9 @@ HWY_INLINE void SoftmaxStepColumns(float* HWY_RESTRICT s, int64_t rows, float* H
     const auto m_old = hn::LoadU(df, row_max + i);
     auto m = m_old;
     auto bad = hn::Ne(hn::LoadU(df, poisoned + i), hn::Zero(df));
-    for (int64_t j = 0; j < rows; ++j) {
+    const int64_t j_first = first != nullptr ? first[i / block] : 0;
+    const int64_t j_end = end != nullptr ? end[i / block] : rows;
+    for (int64_t j = j_first; j < j_end; ++j) {
       const auto x = hn::LoadU(df, s + j * kLanes + i);
       m = hn::Max(m, x);
       bad = hn::Or(bad, PoisonedScores(df, x));
@@ -92,7 +97,7 @@ HWY_INLINE void SoftmaxStepColumns(float* HWY_RESTRICT s, int64_t rows, float* H
     const auto m_used = UsedMax(df, m);
     const auto a = ExpNonPositive(df, hn::Sub(m_old, m_used));
     auto sum = hn::Zero(df);
-    for (int64_t j = 0; j < rows; ++j) {
+    for (int64_t j = j_first; j < j_end; ++j) {
       const auto w = ExpNonPositive(df, hn::Sub(hn::LoadU(df, s + j * kLanes + i), m_used));
       hn::StoreU(w, df, s + j * kLanes + i);
       sum = hn::Add(sum, w);
