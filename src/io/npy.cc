@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -20,7 +19,6 @@
 #include <system_error>
 
 #include "maskattn/error.h"
-#include "maskattn/memory.h"
 
 namespace maskattn {
 namespace {
@@ -446,11 +444,11 @@ std::string shape_tuple(const Dims& shape) {
 
 // The dict exactly as numpy's _write_array_header prints it (keys sorted), including the spare
 // spaces that let shape[0] grow in place.
-std::string header_dict(const NpyArray& array) {
-  std::string dict = std::string("{'descr': '") + npy_type_descr(array.type()) +
-                     "', 'fortran_order': False, 'shape': " + shape_tuple(array.shape()) + ", }";
-  if (!array.shape().empty()) {
-    const size_t digits = std::to_string(array.shape()[0]).size();
+std::string header_dict(NpyType type, const Dims& shape) {
+  std::string dict = std::string("{'descr': '") + npy_type_descr(type) +
+                     "', 'fortran_order': False, 'shape': " + shape_tuple(shape) + ", }";
+  if (!shape.empty()) {
+    const size_t digits = std::to_string(shape[0]).size();
     dict.append(kGrowthAxisMaxDigits - std::min(digits, kGrowthAxisMaxDigits), ' ');
   }
   return dict;
@@ -478,25 +476,6 @@ struct FileCloser {
   void operator()(std::FILE* file) const { std::fclose(file); }
 };
 using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
-
-std::vector<uint8_t> read_whole_file(const std::string& path) {
-  FilePtr file(std::fopen(path.c_str(), "rb"));
-  if (!file) throw Error("cannot open '" + path + "': " + errno_message(errno));
-  // file_size refuses directories and other non-regular files, which fopen lets through.
-  std::error_code error;
-  const uintmax_t size = std::filesystem::file_size(path, error);
-  if (error) throw Error("cannot read '" + path + "': " + error.message());
-  // The file is held twice at peak: its bytes, then the parsed array.
-  require_memory(2.0 * static_cast<double>(size), "reading '" + path + "'");
-  std::vector<uint8_t> contents(static_cast<size_t>(size));
-  const size_t read = std::fread(contents.data(), 1, contents.size(), file.get());
-  if (read != contents.size()) {
-    const std::string reason =
-        std::ferror(file.get()) ? errno_message(errno) : "the file shrank while being read";
-    throw Error("cannot read '" + path + "': " + reason);
-  }
-  return contents;
-}
 
 }  // namespace
 
@@ -640,7 +619,7 @@ std::vector<int64_t> NpyArray::to_int64(const std::string& what) const {
 // ---------------------------------------------------------------------------------------------
 // Files and images
 
-NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& name) {
+NpyLayout parse_npy_layout(const uint8_t* data, size_t size, const std::string& name) {
   const Preamble preamble = parse_preamble(data, size, name);
   const std::string_view text(reinterpret_cast<const char*>(data) + preamble.header_offset,
                               preamble.header_size);
@@ -660,31 +639,34 @@ NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& name) {
     throw Error(name + ": " + std::to_string(available - needed) +
                 " trailing bytes after the data: " + sizes);
   }
+  NpyLayout layout;
+  layout.type = header.type;
+  layout.shape = header.shape;
+  layout.fortran_order = header.fortran_order;
+  layout.data_offset = data_offset;
+  layout.data_size = static_cast<size_t>(needed);
+  return layout;
+}
 
-  const uint8_t* payload = data + data_offset;
+NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& name) {
+  const NpyLayout layout = parse_npy_layout(data, size, name);
+  const uint8_t* payload = data + layout.data_offset;
+  const size_t element_size = npy_type_size(layout.type);
   std::vector<uint8_t> bytes =
-      header.fortran_order && header.shape.size() > 1
-          ? fortran_to_c_order(payload, header.shape, needed / npy_type_size(header.type),
-                               npy_type_size(header.type))
-          : std::vector<uint8_t>(payload, payload + needed);
-  if (header.type == NpyType::b1) check_bools(bytes, name);
-  return NpyArray(header.type, header.shape, std::move(bytes));
+      layout.fortran_order && layout.shape.size() > 1
+          ? fortran_to_c_order(payload, layout.shape,
+                               static_cast<int64_t>(layout.data_size / element_size), element_size)
+          : std::vector<uint8_t>(payload, payload + layout.data_size);
+  if (layout.type == NpyType::b1) check_bools(bytes, name);
+  return NpyArray(layout.type, layout.shape, std::move(bytes));
 }
 
 NpyArray read_npy(const std::string& path) {
-  const std::vector<uint8_t> contents = read_whole_file(path);
-  return parse_npy(contents.data(), contents.size(), path);
+  return MappedNpy(path).to_array();
 }
 
-std::vector<uint8_t> serialize_npy(const NpyArray& array) {
-  // A default-constructed NpyArray holds no bytes for its scalar shape; refuse to write it.
-  const int64_t data_size = checked_byte_size(array.type(), array.shape(), "serialize_npy");
-  if (static_cast<uint64_t>(data_size) != array.bytes().size()) {
-    throw Error("serialize_npy: " + shape_and_type(array.shape(), array.type()) + " needs " +
-                std::to_string(data_size) + " bytes, the array holds " +
-                std::to_string(array.bytes().size()));
-  }
-  const std::string dict = header_dict(array);
+std::vector<uint8_t> serialize_npy_header(NpyType type, const Dims& shape) {
+  const std::string dict = header_dict(type, shape);
   // Like numpy: format 1.0 when the header fits its uint16 length, else 2.0 (uint32).
   uint8_t major = 1;
   size_t length_size = 2;
@@ -695,16 +677,26 @@ std::vector<uint8_t> serialize_npy(const NpyArray& array) {
     header = padded_header(dict, kMagic.size() + 2 + length_size);
   }
   if (header.size() > std::numeric_limits<uint32_t>::max()) {
-    throw Error("serialize_npy: header for rank " + std::to_string(array.rank()) +
+    throw Error("serialize_npy: header for rank " + std::to_string(shape.size()) +
                 " does not fit in a .npy file");
   }
-
   std::vector<uint8_t> out(kMagic.begin(), kMagic.end());
-  out.reserve(kMagic.size() + 2 + length_size + header.size() + array.bytes().size());
   out.push_back(major);
   out.push_back(0);
   append_le(out, static_cast<uint32_t>(header.size()), length_size);
   out.insert(out.end(), header.begin(), header.end());
+  return out;
+}
+
+std::vector<uint8_t> serialize_npy(const NpyArray& array) {
+  // A default-constructed NpyArray holds no bytes for its scalar shape; refuse to write it.
+  const int64_t data_size = checked_byte_size(array.type(), array.shape(), "serialize_npy");
+  if (static_cast<uint64_t>(data_size) != array.bytes().size()) {
+    throw Error("serialize_npy: " + shape_and_type(array.shape(), array.type()) + " needs " +
+                std::to_string(data_size) + " bytes, the array holds " +
+                std::to_string(array.bytes().size()));
+  }
+  std::vector<uint8_t> out = serialize_npy_header(array.type(), array.shape());
   out.insert(out.end(), array.bytes().begin(), array.bytes().end());
   return out;
 }
