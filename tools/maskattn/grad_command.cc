@@ -12,6 +12,7 @@
 #include "maskattn/gradcheck.h"
 #include "maskattn/mask_spec.h"
 #include "npy_tensors.h"
+#include "output_files.h"
 
 namespace maskattn::cli {
 
@@ -26,35 +27,27 @@ int run_grad(const GradArgs& args) {
   const MaskSpecs parsed = parse_mask_specs(args.masks, q.file_rank == 3);
   const Options options = call_options(args.scale, args.threads, args.kernel);
 
-  const TensorBuffer q_buffer = TensorBuffer::from_floats(q.values, q.shape, dtype);
-  const TensorBuffer k_buffer = TensorBuffer::from_floats(k.values, k.shape, dtype);
-  const TensorBuffer v_buffer = TensorBuffer::from_floats(v.values, v.shape, dtype);
-  const TensorBuffer dout_buffer = TensorBuffer::from_floats(dout.values, dout.shape, dtype);
-  // Shapes are checked by the library; these only size the buffers.
+  const ComputeInput q_in(q, dtype), k_in(k, dtype), v_in(v, dtype), dout_in(dout, dtype);
+  // The backward needs the forward's O and LSE: computed here, not read from files. Shapes are
+  // checked by the library; these only size the buffers.
   TensorBuffer out(dtype, {q.shape[0], q.shape[1], q.shape[2], v.shape[3]});
   TensorBuffer lse(DType::f32, {q.shape[0], q.shape[1], q.shape[2]});
-  TensorBuffer dq(dtype, q.shape), dk(dtype, k.shape), dv(dtype, v.shape);
-
-  const std::string input_files = " (" + q.flag + " " + shape_string(q.file_shape) + ", " + k.flag +
-                                  " " + shape_string(k.file_shape) + ", " + v.flag + " " +
-                                  shape_string(v.file_shape) + ", " + dout.flag + " " +
-                                  shape_string(dout.file_shape) + ")";
-  try {
-    // The backward needs the forward's O and LSE: computed here, not read from files.
-    attention(q_buffer.view(), k_buffer.view(), v_buffer.view(), out.mutable_view(), parsed.mask,
-              parsed.mods, options, lse.mutable_view());
-    attention_backward(q_buffer.view(), k_buffer.view(), v_buffer.view(), out.view(), lse.view(),
-                       dout_buffer.view(),
-                       {dq.mutable_view(), dk.mutable_view(), dv.mutable_view(), {}, {}},
-                       parsed.mask, parsed.mods, options);
-  } catch (const Error& error) {
-    throw Error(error.what() + input_files);
-  }
-
   OutputFiles files;
-  files.add("--dq", args.dq, result_array(dq.to_floats(), q.file_shape, q, dtype));
-  files.add("--dk", args.dk, result_array(dk.to_floats(), k.file_shape, k, dtype));
-  files.add("--dv", args.dv, result_array(dv.to_floats(), v.file_shape, v, dtype));
+  const auto gradient = [&](const char* flag, const std::string& path, const InputTensor& like) {
+    return files.add(flag, path, result_type(like, dtype), like.file_shape, dtype, like.shape);
+  };
+  const MutableTensorView dq = gradient("--dq", args.dq, q);
+  const MutableTensorView dk = gradient("--dk", args.dk, k);
+  const MutableTensorView dv = gradient("--dv", args.dv, v);
+
+  try {
+    attention(q_in.view(), k_in.view(), v_in.view(), out.mutable_view(), parsed.mask, parsed.mods,
+              options, lse.mutable_view());
+    attention_backward(q_in.view(), k_in.view(), v_in.view(), out.view(), lse.view(),
+                       dout_in.view(), {dq, dk, dv, {}, {}}, parsed.mask, parsed.mods, options);
+  } catch (const Error& error) {
+    throw Error(error.what() + input_files({&q, &k, &v, &dout}));
+  }
   files.commit();
   return 0;
 }
