@@ -6,8 +6,10 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <vector>
 
+#include "command_options.h"
 #include "commands.h"
 #include "heatmap_files.h"
 #include "maskattn/attention.h"
@@ -122,6 +124,37 @@ int run_attend(const AttendArgs& args) {
   }
   files.commit();
   return 0;
+}
+
+Command add_attend_command(CLI::App& app) {
+  auto args = std::make_shared<AttendArgs>();
+  CLI::App* command = app.add_subcommand(
+      "attend", "O = softmax(scale·Q·Kᵀ + mask)·V for .npy inputs ([L,D], [B,L,D] or [B,H,L,D])");
+  command->add_option("--q", args->q, "queries .npy (float32/float16)")->required();
+  command->add_option("--k", args->k, "keys .npy")->required();
+  command->add_option("--v", args->v, "values .npy")->required();
+  command->add_option("--out", args->out, "output .npy (the input's dtype; f32 for bf16)")
+      ->required();
+  add_compute_options(command, *args, {}, {}, [&] {
+    command->add_option("--lse", args->lse, "also write the log-sum-exp [B,H,Lq] (f32)");
+    command->add_option("--weights", args->weights,
+                        "also write the weights [B,H,Lq,Lk] (f32; debug, O(Lq·Lk) memory)");
+  });
+  command
+      ->add_option("--repeat", args->repeat,
+                   "time the computation: 1 warm-up, then R runs; prints 'time_ms median=X min=Y "
+                   "max=Z' on stderr")
+      ->check(CLI::Range(1, 1000000));
+  command->add_flag("--report", args->report,
+                    "print a numeric health report per head (score range, max logit, weight "
+                    "entropy, hidden share, empty rows, NaN/Inf) and mask warnings");
+  command->add_option("--heatmap", args->heatmap,
+                      "also draw the weights, one panel per (batch, head): FILE.png or "
+                      "FILE.svg (hidden pairs hatched grey)");
+  command->add_option("--tokens", args->tokens,
+                      "heatmap labels: a text file of whitespace-separated tokens, one per key");
+  command->footer(mask_spec_help());
+  return {command, [args] { return run_attend(*args); }};
 }
 
 }  // namespace maskattn::cli

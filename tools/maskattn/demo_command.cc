@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "command_options.h"
 #include "commands.h"
 #include "maskattn/attention.h"
 #include "maskattn/heatmap.h"
@@ -358,6 +360,15 @@ int run_demo(const std::string& heatmap_directory) {
   const bool cache_ok = run_layer_and_cache(vocabulary, prompts);
   if (!heatmap_directory.empty()) write_demo_heatmaps(heatmap_directory, vocabulary, right);
   return batch_ok && cache_ok ? 0 : 1;
+}
+
+Command add_demo_command(CLI::App& app) {
+  auto heatmaps = std::make_shared<std::string>("maskattn-demo");
+  CLI::App* command = app.add_subcommand(
+      "demo", "the tour: worked example, padded batch, masks as grids, heatmap files");
+  command->add_option("--heatmaps", *heatmaps,
+                      "directory for the heatmap files (default maskattn-demo; '' = none)");
+  return {command, [heatmaps] { return run_demo(*heatmaps); }};
 }
 
 }  // namespace maskattn::cli

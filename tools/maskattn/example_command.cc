@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "command_options.h"
 #include "commands.h"
 #include "maskattn/attention.h"
 #include "print.h"
@@ -62,6 +63,12 @@ int run_example() {
   fmt::print(
       "\n\"I\" sees only itself; \"love\" mixes \"I\" and \"love\"; \"dog\" mixes all three.\n");
   return 0;
+}
+
+Command add_example_command(CLI::App& app) {
+  return {app.add_subcommand("example",
+                             "the worked example of seed 001 (\"I love dog\"), step by step"),
+          [] { return run_example(); }};
 }
 
 }  // namespace maskattn::cli

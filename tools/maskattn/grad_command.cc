@@ -3,9 +3,11 @@
 // fixed contract (docs/cli.md): scripts depend on them.
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "command_options.h"
 #include "commands.h"
 #include "maskattn/attention.h"
 #include "maskattn/error.h"
@@ -116,6 +118,41 @@ int run_gradcheck(const GradcheckArgs& args) {
     }
   }
   return 1;
+}
+
+Command add_grad_command(CLI::App& app) {
+  auto args = std::make_shared<GradArgs>();
+  CLI::App* command = app.add_subcommand(
+      "grad", "dQ, dK, dV of attention for .npy inputs and dO (forward recomputed)");
+  command->add_option("--q", args->q, "queries .npy (float32/float16)")->required();
+  command->add_option("--k", args->k, "keys .npy")->required();
+  command->add_option("--v", args->v, "values .npy")->required();
+  command->add_option("--dout", args->dout, "dL/dO .npy, the output's shape")->required();
+  command->add_option("--dq", args->dq, "dL/dQ output .npy (q's layout and dtype)")->required();
+  command->add_option("--dk", args->dk, "dL/dK output .npy")->required();
+  command->add_option("--dv", args->dv, "dL/dV output .npy")->required();
+  add_compute_options(command, *args);
+  command->footer(mask_spec_help());
+  return {command, [args] { return run_grad(*args); }};
+}
+
+Command add_gradcheck_command(CLI::App& app) {
+  auto args = std::make_shared<GradcheckArgs>();
+  CLI::App* command = app.add_subcommand(
+      "gradcheck", "check the backward against finite differences on random inputs");
+  add_mask_option(command, args->masks, "mask or modifier SPEC; repeat to combine");
+  command->add_option("--lq", args->q_len, "queries (default 8)");
+  command->add_option("--lk", args->k_len, "keys (default 8)");
+  command->add_option("--d", args->dim, "query/key head dim (default 4)");
+  command->add_option("--dv", args->value_dim, "value head dim (default 4)");
+  add_random_input_options(command, *args, "2");
+  command->add_option("--scale", args->scale, "score scale (default 1/sqrt(D))");
+  add_threads_option(command, args->threads);
+  command->add_option("--step", args->step, "finite-difference step (default 1e-3)");
+  command->add_option("--tolerance", args->tolerance,
+                      "max relative error (default f32 1e-4, f16 1e-2, bf16 5e-2)");
+  command->footer(mask_spec_help());
+  return {command, [args] { return run_gradcheck(*args); }};
 }
 
 }  // namespace maskattn::cli

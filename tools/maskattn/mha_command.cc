@@ -1,13 +1,16 @@
 // maskattn mha: a multi-head attention layer (weights from a directory of PyTorch-named .npy
 // files) over [B, L, E] inputs. The flags are a fixed contract (docs/cli.md).
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <variant>
 #include <vector>
 
+#include "command_options.h"
 #include "commands.h"
 #include "maskattn/error.h"
+#include "maskattn/mask_spec.h"
 #include "maskattn/multihead.h"
 #include "npy_tensors.h"
 #include "output_files.h"
@@ -197,6 +200,37 @@ int run_mha(const MhaArgs& args) {
   }
   files.commit();
   return 0;
+}
+
+Command add_mha_command(CLI::App& app) {
+  auto args = std::make_shared<MhaArgs>();
+  CLI::App* command = app.add_subcommand(
+      "mha", "a multi-head attention layer (PyTorch-named .npy weights) over [B,L,E] inputs");
+  command->add_option("--query", args->query, "queries .npy [B,L,E] (float32/float16)")->required();
+  command->add_option("--key", args->key, "keys .npy [B,Lk,Ek] (cross-attention; with --value)");
+  command->add_option("--value", args->value, "values .npy [B,Lk,Ev] (with --key)");
+  command
+      ->add_option("--weights", args->weights,
+                   "directory of in_proj_weight.npy (or q/k/v_proj_weight.npy), "
+                   "out_proj.weight.npy and optionally in_proj_bias.npy, out_proj.bias.npy")
+      ->required();
+  command->add_option("--heads", args->heads, "query heads")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  command->add_option("--kv-heads", args->kv_heads, "kv heads (default: --heads)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--out", args->out, "output .npy [B,L,E] (the query's dtype; f32 for bf16)")
+      ->required();
+  ComputeOptionHelp help;
+  help.scale = "score scale (default 1/sqrt(head dim))";
+  help.dtype = "compute (and cache) in this dtype";
+  add_compute_options(command, *args, help, [&] {
+    command->add_flag("--incremental", args->incremental,
+                      "feed the queries one at a time through a KV cache (causal) and write the "
+                      "concatenated outputs");
+  });
+  command->footer(mask_spec_help());
+  return {command, [args] { return run_mha(*args); }};
 }
 
 }  // namespace maskattn::cli
