@@ -35,6 +35,10 @@ TEST(CliExample, PrintsTheSeedWeightsAndOutput) {
   EXPECT_TRUE(contains(out, "  [[   0, -inf, -inf],\n"));     // the mask
   EXPECT_TRUE(contains(out, "  [[1.000,  -inf,  -inf],\n"));  // masked scores
   EXPECT_TRUE(result.err.empty());
+  // Named for what it is, not for where it first appeared.
+  EXPECT_TRUE(contains(out, "step by step: the 'I love dog' worked example.\n")) << out;
+  EXPECT_FALSE(contains(out, "seed")) << out;
+  EXPECT_TRUE(contains(run_cli("--help").out, "the 'I love dog' worked example, step by step"));
 }
 
 TEST(CliMask, DrawsTheGridWithIndicesAndCounts) {
