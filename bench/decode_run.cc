@@ -71,162 +71,220 @@ double evict(const std::vector<float>& buffer) {
   return total;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  using namespace maskattn;
+// The command line (see the top of this file).
+struct Config {
   int64_t model = 512, heads = 8, kv_heads = 0, batch = 1, chunk = 512;
   std::vector<int64_t> lengths = {256, 512, 1024, 2048, 4096, 8192};
   std::string dtype_name = "f32";
   int threads = 0, repeat = 50, warmup = 5;
   double evict_mib = 0;
-  CLI::App app{"time one KV-cache decode step of a MultiHeadAttention layer against cached length"};
-  app.add_option("--model", model, "embedding width E")->check(CLI::PositiveNumber);
-  app.add_option("--heads", heads)->check(CLI::PositiveNumber);
-  app.add_option("--kv-heads", kv_heads, "0 = heads");
-  app.add_option("--batch", batch)->check(CLI::PositiveNumber);
-  app.add_option("--lengths", lengths, "cached lengths, comma separated")->delimiter(',');
-  app.add_option("--dtype", dtype_name, "the cache's element type")
+};
+
+void add_options(CLI::App& app, Config& c) {
+  app.add_option("--model", c.model, "embedding width E")->check(CLI::PositiveNumber);
+  app.add_option("--heads", c.heads)->check(CLI::PositiveNumber);
+  app.add_option("--kv-heads", c.kv_heads, "0 = heads");
+  app.add_option("--batch", c.batch)->check(CLI::PositiveNumber);
+  app.add_option("--lengths", c.lengths, "cached lengths, comma separated")->delimiter(',');
+  app.add_option("--dtype", c.dtype_name, "the cache's element type")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
-  app.add_option("--threads", threads, "0 = OpenMP's default");
-  app.add_option("--repeat", repeat)->check(CLI::Range(1, 100000));
-  app.add_option("--warmup", warmup)->check(CLI::Range(0, 100000));
-  app.add_option("--chunk", chunk, "prefill chunk, tokens")->check(CLI::PositiveNumber);
-  app.add_option("--evict-mib", evict_mib, "MiB read between steps (0 = none)")
+  app.add_option("--threads", c.threads, "0 = OpenMP's default");
+  app.add_option("--repeat", c.repeat)->check(CLI::Range(1, 100000));
+  app.add_option("--warmup", c.warmup)->check(CLI::Range(0, 100000));
+  app.add_option("--chunk", c.chunk, "prefill chunk, tokens")->check(CLI::PositiveNumber);
+  app.add_option("--evict-mib", c.evict_mib, "MiB read between steps (0 = none)")
       ->check(CLI::Range(0.0, 65536.0));
+}
+
+// `values` rounded to `dtype`, as the bytes of a tensor of that dtype.
+std::vector<uint8_t> to_dtype_bytes(const std::vector<float>& values, maskattn::DType dtype) {
+  using maskattn::DType;
+  std::vector<uint8_t> bytes(values.size() * maskattn::dtype_size(dtype));
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float value = values[i];
+    if (dtype == DType::f32) {
+      std::memcpy(bytes.data() + 4 * i, &value, 4);
+    } else {
+      const uint16_t bits = dtype == DType::f16 ? maskattn::float16_from_float(value).bits
+                                                : maskattn::bfloat16_from_float(value).bits;
+      std::memcpy(bytes.data() + 2 * i, &bits, 2);
+    }
+  }
+  return bytes;
+}
+
+// Least squares median_us = intercept + slope · n over the lengths, and the worst relative
+// deviation from the line.
+void print_fit(const std::vector<double>& xs, const std::vector<double>& ys) {
+  const double count = static_cast<double>(xs.size());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    sx += xs[i];
+    sy += ys[i];
+    sxx += xs[i] * xs[i];
+    sxy += xs[i] * ys[i];
+  }
+  const double denominator = count * sxx - sx * sx;
+  const double slope = denominator > 0 ? (count * sxy - sx * sy) / denominator : 0.0;
+  const double intercept = (sy - slope * sx) / count;
+  double deviation = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double fitted = intercept + slope * xs[i];
+    deviation = std::max(deviation, std::abs(ys[i] - fitted) / ys[i]);
+  }
+  std::printf("fit slope_us_per_1k=%.3f intercept_us=%.2f max_rel_dev=%.4f\n", slope * 1000,
+              intercept, deviation);
+}
+
+// The layer, its cache and every buffer a decode step and attention() alone use, allocated once.
+class DecodeBench {
+ public:
+  DecodeBench(const Config& config, maskattn::DType dtype)
+      : c_(config),
+        dtype_(dtype),
+        layer_(maskattn::MultiHeadAttention::random(c_.model, c_.heads, c_.kv_heads, 1)),
+        cache_(layer_.make_cache(c_.batch, c_.lengths.back() + 1, dtype)),
+        prompt_(static_cast<size_t>(c_.batch * c_.chunk * c_.model)),
+        prompt_out_(prompt_.size()),
+        token_(static_cast<size_t>(c_.batch * c_.model)),
+        token_out_(token_.size()) {
+    options_.attention.threads = c_.threads;
+    options_.dtype = dtype;
+    fill(token_);
+    // attention() alone: one query per head in the cache's dtype, its output likewise.
+    std::vector<float> query(static_cast<size_t>(c_.batch * c_.heads * layer_.head_dim()));
+    fill(query);
+    query_ = to_dtype_bytes(query, dtype);
+    heads_out_.resize(static_cast<size_t>(c_.batch * c_.heads * layer_.head_value_dim()) *
+                      maskattn::dtype_size(dtype));
+    eviction_.resize(static_cast<size_t>(c_.evict_mib * (1 << 20) / sizeof(float)));
+    fill(eviction_);  // touched once here: no page faults between steps
+  }
+
+  // Bytes of the four weight matrices and their biases.
+  double weights_bytes() const {
+    const maskattn::LayerWeights& w = layer_.weights();
+    const int64_t count = w.q_weight.numel() + w.k_weight.numel() + w.v_weight.numel() +
+                          w.out_weight.numel() + w.q_bias.numel() + w.k_bias.numel() +
+                          w.v_bias.numel() + w.out_bias.numel();
+    return static_cast<double>(count) * sizeof(float);
+  }
+  // Bytes of K and V of one cached position.
+  double position_bytes() const {
+    return static_cast<double>(c_.batch * c_.kv_heads *
+                               (layer_.head_dim() + layer_.head_value_dim()) *
+                               maskattn::dtype_size(dtype_));
+  }
+  int64_t head_dim() const { return layer_.head_dim(); }
+
+  // Chunked prefill of random embeddings up to n cached positions (untimed).
+  void prefill_to(int64_t n) {
+    while (cache_.length() < n) {
+      const int64_t steps = std::min(c_.chunk, n - cache_.length());
+      fill(prompt_);
+      const maskattn::TensorView x(prompt_.data(), {c_.batch, steps, c_.model},
+                                   {c_.chunk * c_.model, c_.model, 1});
+      const maskattn::MutableTensorView y(prompt_out_.data(), {c_.batch, steps, c_.model},
+                                          {c_.chunk * c_.model, c_.model, 1});
+      layer_.forward_cached(x, cache_, y, {}, {}, options_);
+    }
+  }
+
+  // One decode step over n cached positions, then attention() alone over the n + 1 positions
+  // it attended to; microseconds of each. The cache is truncated back to n.
+  std::pair<double, double> step(int64_t n) {
+    using namespace maskattn;
+    if (!eviction_.empty()) sink_ = sink_ + evict(eviction_);
+    const auto start = Clock::now();
+    layer_.forward_cached(TensorView(token_.data(), {c_.batch, 1, c_.model}), cache_,
+                          MutableTensorView(token_out_.data(), {c_.batch, 1, c_.model}), {}, {},
+                          options_);
+    const double us = micros_since(start);
+    if (!eviction_.empty()) sink_ = sink_ + evict(eviction_);
+    const TensorView q_view(query_.data(), dtype_, {c_.batch, c_.heads, 1, layer_.head_dim()});
+    const MutableTensorView o_view(heads_out_.data(), dtype_,
+                                   {c_.batch, c_.heads, 1, layer_.head_value_dim()});
+    const auto attention_start = Clock::now();
+    attention(q_view, cache_.keys(), cache_.values(), o_view, cache_.step_mask(), {},
+              options_.attention);
+    const double attention_us = micros_since(attention_start);
+    cache_.truncate(n);
+    return {us, attention_us};
+  }
+
+  // Prefill to n, warm up, time --repeat steps; prints the length's line, returns the median.
+  double run_length(int64_t n) {
+    prefill_to(n);
+    for (int warm = 0; warm < c_.warmup; ++warm) step(n);
+    std::vector<double> times, attention_times;
+    for (int r = 0; r < c_.repeat; ++r) {
+      const auto [us, attention_us] = step(n);
+      times.push_back(us);
+      attention_times.push_back(attention_us);
+    }
+    sink_ = sink_ + token_out_[0];
+    const double mid = median(times);
+    const double read_bytes = position_bytes() * static_cast<double>(n + 1) + weights_bytes();
+    std::printf(
+        "cached=%lld median_us=%.2f min_us=%.2f max_us=%.2f tokens_per_s=%.1f cache_mib=%.2f "
+        "read_mib=%.2f gbs=%.2f attention_us=%.2f\n",
+        static_cast<long long>(n), mid, *std::min_element(times.begin(), times.end()),
+        *std::max_element(times.begin(), times.end()), static_cast<double>(c_.batch) / mid * 1e6,
+        position_bytes() * static_cast<double>(n) / (1 << 20), read_bytes / (1 << 20),
+        read_bytes / mid * 1e-3, median(attention_times));
+    std::fflush(stdout);
+    return mid;
+  }
+
+ private:
+  void fill(std::vector<float>& values) {
+    for (float& value : values) value = uniform_(random_);
+  }
+
+  const Config& c_;
+  maskattn::DType dtype_;
+  maskattn::MultiHeadAttention layer_;
+  maskattn::KVCache cache_;
+  maskattn::LayerOptions options_;
+  std::mt19937_64 random_{2};
+  std::uniform_real_distribution<float> uniform_{-1.0f, 1.0f};
+  std::vector<float> prompt_, prompt_out_, token_, token_out_, eviction_;
+  std::vector<uint8_t> query_, heads_out_;
+  volatile double sink_ = 0;  // keeps the eviction reads
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace maskattn;
+  Config config;
+  CLI::App app{"time one KV-cache decode step of a MultiHeadAttention layer against cached length"};
+  add_options(app, config);
   CLI11_PARSE(app, argc, argv);
-  const DType dtype = dtype_name == "f16"    ? DType::f16
-                      : dtype_name == "bf16" ? DType::bf16
-                                             : DType::f32;
-  if (kv_heads == 0) kv_heads = heads;
-  std::sort(lengths.begin(), lengths.end());
-  if (lengths.empty() || lengths.front() < 0) {
+  const DType dtype = config.dtype_name == "f16"    ? DType::f16
+                      : config.dtype_name == "bf16" ? DType::bf16
+                                                    : DType::f32;
+  if (config.kv_heads == 0) config.kv_heads = config.heads;
+  std::sort(config.lengths.begin(), config.lengths.end());
+  if (config.lengths.empty() || config.lengths.front() < 0) {
     std::fprintf(stderr, "decode_run: --lengths needs non-negative lengths\n");
     return 1;
   }
-
   try {
-    const MultiHeadAttention layer = MultiHeadAttention::random(model, heads, kv_heads, 1);
-    KVCache cache = layer.make_cache(batch, lengths.back() + 1, dtype);
-    LayerOptions options;
-    options.attention.threads = threads;
-    options.dtype = dtype;
-
-    std::mt19937_64 random(2);
-    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-    const auto fill = [&](std::vector<float>& values) {
-      for (float& value : values) value = uniform(random);
-    };
-    std::vector<float> prompt(static_cast<size_t>(batch * chunk * model));
-    std::vector<float> prompt_out(prompt.size());
-    std::vector<float> token(static_cast<size_t>(batch * model)), token_out(token.size());
-    fill(token);
-    // attention() alone: one query per head in the cache's dtype, its output likewise.
-    const int64_t head_dim = layer.head_dim(), value_dim = layer.head_value_dim();
-    std::vector<float> query_f32(static_cast<size_t>(batch * heads * head_dim));
-    fill(query_f32);
-    std::vector<uint8_t> query(query_f32.size() * dtype_size(dtype));
-    std::vector<uint8_t> heads_out(static_cast<size_t>(batch * heads * value_dim) *
-                                   dtype_size(dtype));
-    for (size_t i = 0; i < query_f32.size(); ++i) {
-      const float value = query_f32[i];
-      if (dtype == DType::f32) {
-        std::memcpy(query.data() + 4 * i, &value, 4);
-      } else {
-        const uint16_t bits =
-            dtype == DType::f16 ? float16_from_float(value).bits : bfloat16_from_float(value).bits;
-        std::memcpy(query.data() + 2 * i, &bits, 2);
-      }
-    }
-    const TensorView q_view(query.data(), dtype, {batch, heads, 1, head_dim});
-    const MutableTensorView o_view(heads_out.data(), dtype, {batch, heads, 1, value_dim});
-    std::vector<float> eviction(static_cast<size_t>(evict_mib * (1 << 20) / sizeof(float)));
-    fill(eviction);            // touched once here: no page faults between steps
-    volatile double sink = 0;  // keeps the eviction reads
-
-    const LayerWeights& w = layer.weights();
-    const int64_t weight_count = w.q_weight.numel() + w.k_weight.numel() + w.v_weight.numel() +
-                                 w.out_weight.numel() + w.q_bias.numel() + w.k_bias.numel() +
-                                 w.v_bias.numel() + w.out_bias.numel();
-    const double weights_bytes = static_cast<double>(weight_count) * sizeof(float);
-    const double position_bytes =
-        static_cast<double>(batch * kv_heads * (head_dim + value_dim) * dtype_size(dtype));
+    DecodeBench bench(config, dtype);
     std::printf(
         "config model=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld dtype=%s threads=%d "
         "repeat=%d evict_mib=%.0f weights_mib=%.2f\n",
-        static_cast<long long>(model), static_cast<long long>(heads),
-        static_cast<long long>(kv_heads), static_cast<long long>(head_dim),
-        static_cast<long long>(batch), dtype_name.c_str(), threads, repeat, evict_mib,
-        weights_bytes / (1 << 20));
-
+        static_cast<long long>(config.model), static_cast<long long>(config.heads),
+        static_cast<long long>(config.kv_heads), static_cast<long long>(bench.head_dim()),
+        static_cast<long long>(config.batch), config.dtype_name.c_str(), config.threads,
+        config.repeat, config.evict_mib, bench.weights_bytes() / (1 << 20));
     std::vector<double> xs, ys;
-    for (const int64_t n : lengths) {
-      // Chunked prefill up to n (the cache is at the previous length, or empty).
-      while (cache.length() < n) {
-        const int64_t steps = std::min(chunk, n - cache.length());
-        fill(prompt);
-        const TensorView x(prompt.data(), {batch, steps, model}, {chunk * model, model, 1});
-        const MutableTensorView y(prompt_out.data(), {batch, steps, model},
-                                  {chunk * model, model, 1});
-        layer.forward_cached(x, cache, y, {}, {}, options);
-      }
-      const auto step = [&] {
-        if (!eviction.empty()) sink = sink + evict(eviction);
-        const auto start = Clock::now();
-        layer.forward_cached(TensorView(token.data(), {batch, 1, model}), cache,
-                             MutableTensorView(token_out.data(), {batch, 1, model}), {}, {},
-                             options);
-        const double us = micros_since(start);
-        // attention() alone over the n + 1 positions the step attended to.
-        if (!eviction.empty()) sink = sink + evict(eviction);
-        const auto attention_start = Clock::now();
-        attention(q_view, cache.keys(), cache.values(), o_view, cache.step_mask(), {},
-                  options.attention);
-        const double attention_us = micros_since(attention_start);
-        cache.truncate(n);
-        return std::pair{us, attention_us};
-      };
-      for (int warm = 0; warm < warmup; ++warm) step();
-      std::vector<double> times, attention_times;
-      for (int r = 0; r < repeat; ++r) {
-        const auto [us, attention_us] = step();
-        times.push_back(us);
-        attention_times.push_back(attention_us);
-      }
-      sink = sink + token_out[0];
-      const double mid = median(times);
-      const double read_bytes = position_bytes * static_cast<double>(n + 1) + weights_bytes;
-      std::printf(
-          "cached=%lld median_us=%.2f min_us=%.2f max_us=%.2f tokens_per_s=%.1f cache_mib=%.2f "
-          "read_mib=%.2f gbs=%.2f attention_us=%.2f\n",
-          static_cast<long long>(n), mid, *std::min_element(times.begin(), times.end()),
-          *std::max_element(times.begin(), times.end()), static_cast<double>(batch) / mid * 1e6,
-          position_bytes * static_cast<double>(n) / (1 << 20), read_bytes / (1 << 20),
-          read_bytes / mid * 1e-3, median(attention_times));
-      std::fflush(stdout);
+    for (const int64_t n : config.lengths) {
+      ys.push_back(bench.run_length(n));
       xs.push_back(static_cast<double>(n));
-      ys.push_back(mid);
     }
-
-    // Least squares: y = intercept + slope·x.
-    const double count = static_cast<double>(xs.size());
-    double sx = 0, sy = 0, sxx = 0, sxy = 0;
-    for (size_t i = 0; i < xs.size(); ++i) {
-      sx += xs[i];
-      sy += ys[i];
-      sxx += xs[i] * xs[i];
-      sxy += xs[i] * ys[i];
-    }
-    const double denominator = count * sxx - sx * sx;
-    const double slope = denominator > 0 ? (count * sxy - sx * sy) / denominator : 0.0;
-    const double intercept = (sy - slope * sx) / count;
-    double deviation = 0;
-    for (size_t i = 0; i < xs.size(); ++i) {
-      const double fitted = intercept + slope * xs[i];
-      deviation = std::max(deviation, std::abs(ys[i] - fitted) / ys[i]);
-    }
-    std::printf("fit slope_us_per_1k=%.3f intercept_us=%.2f max_rel_dev=%.4f\n", slope * 1000,
-                intercept, deviation);
+    print_fit(xs, ys);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "decode_run: %s\n", error.what());
     return 1;

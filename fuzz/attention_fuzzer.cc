@@ -75,25 +75,30 @@ void expect_close(const Tensor& fused, const Tensor& exact, double tol, const ch
   }
 }
 
-}  // namespace
+// The sizes of one case: q [B,Hq,Lq,D], k [B,Hkv,Lk,D], v [B,Hkv,Lk,Dv].
+struct Shapes {
+  int64_t B, Hkv, Hq, Lq, Lk, D, Dv;
+};
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  FuzzedDataProvider in(data, size);
-  const DType dtype = in.PickValueInArray({DType::f32, DType::f16, DType::bf16});
-  const int64_t B = in.ConsumeIntegralInRange<int64_t>(1, 2);
-  const int64_t Hkv = in.ConsumeIntegralInRange<int64_t>(1, 2);
-  const int64_t Hq = Hkv * in.ConsumeIntegralInRange<int64_t>(1, 2);
-  const int64_t Lq = in.ConsumeIntegralInRange<int64_t>(0, 70);
-  const int64_t Lk = in.ConsumeIntegralInRange<int64_t>(0, 70);
-  const int64_t D = in.ConsumeIntegralInRange<int64_t>(1, 9);
-  const int64_t Dv = in.ConsumeIntegralInRange<int64_t>(0, 5);
-  bool comparable = true;
+Shapes consume_shapes(FuzzedDataProvider& in) {
+  Shapes s{};
+  s.B = in.ConsumeIntegralInRange<int64_t>(1, 2);
+  s.Hkv = in.ConsumeIntegralInRange<int64_t>(1, 2);
+  s.Hq = s.Hkv * in.ConsumeIntegralInRange<int64_t>(1, 2);
+  s.Lq = in.ConsumeIntegralInRange<int64_t>(0, 70);
+  s.Lk = in.ConsumeIntegralInRange<int64_t>(0, 70);
+  s.D = in.ConsumeIntegralInRange<int64_t>(1, 9);
+  s.Dv = in.ConsumeIntegralInRange<int64_t>(0, 5);
+  return s;
+}
 
-  Mask mask;
-  ScoreMods mods;
+// The mask components and score modifiers the fuzzer picks. False if a component rejected its
+// arguments. A threshold makes the kernels incomparable (a step: see the top of this file).
+bool consume_mask_and_mods(FuzzedDataProvider& in, const Shapes& s, Mask& mask, ScoreMods& mods,
+                           bool& comparable) {
   const uint32_t parts = in.ConsumeIntegral<uint32_t>();
   const auto lengths = [&](int64_t limit) {
-    std::vector<int64_t> values(B);
+    std::vector<int64_t> values(s.B);
     for (int64_t& x : values) x = in.ConsumeIntegralInRange<int64_t>(-1, limit + 1);
     return values;
   };
@@ -103,23 +108,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       mask.window(in.ConsumeIntegralInRange<int64_t>(-1, 20),
                   in.ConsumeIntegralInRange<int64_t>(-1, 20));
     if (parts & 8) mask.chunk(in.ConsumeIntegralInRange<int64_t>(0, 40));
-    if (parts & 16) mask.key_lengths(lengths(Lk));
-    if (parts & 32) mask.query_lengths(lengths(Lq));
-    if (parts & 64) mask.key_starts(lengths(Lk));
+    if (parts & 16) mask.key_lengths(lengths(s.Lk));
+    if (parts & 32) mask.query_lengths(lengths(s.Lq));
+    if (parts & 64) mask.key_starts(lengths(s.Lk));
     if (parts & 128) {
-      std::vector<int64_t> ids(B * Lk);
+      std::vector<int64_t> ids(s.B * s.Lk);
       for (int64_t& x : ids) x = in.ConsumeIntegralInRange<int64_t>(0, 2);
-      mask.segments(Array<int64_t>({B, Lk}, ids), Array<int64_t>({B, Lk}, ids));
+      mask.segments(Array<int64_t>({s.B, s.Lk}, ids), Array<int64_t>({s.B, s.Lk}, ids));
     }
     if (parts & 256) {
-      std::vector<uint8_t> keep(Lq * Lk);
+      std::vector<uint8_t> keep(s.Lq * s.Lk);
       for (uint8_t& x : keep) x = in.ConsumeBool();
-      mask.keep(Array<uint8_t>({Lq, Lk}, keep));
+      mask.keep(Array<uint8_t>({s.Lq, s.Lk}, keep));
     }
     if (parts & 512) {
-      std::vector<float> additive(Lk);
+      std::vector<float> additive(s.Lk);
       for (float& x : additive) x = in.PickValueInArray({0.0f, -0.5f, -2.0f, -INFINITY});
-      mask.additive(Array<float>({1, 1, 1, Lk}, additive));
+      mask.additive(Array<float>({1, 1, 1, s.Lk}, additive));
     }
     if (parts & 1024) {
       const int64_t modulus = in.ConsumeIntegralInRange<int64_t>(2, 5);
@@ -130,15 +135,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (parts & 2048) mask.prefix_lm(in.ConsumeIntegralInRange<int64_t>(-1, 10));
     if (parts & 4096) mods.softcap = in.ConsumeIntegralInRange<int>(0, 40) / 4.0;
     if (parts & 8192) {
-      for (int64_t h = 0; h < Hq; ++h) mods.alibi_slopes.push_back(0.25f * (h + 1));
+      for (int64_t h = 0; h < s.Hq; ++h) mods.alibi_slopes.push_back(0.25f * (h + 1));
     }
     if (parts & 16384) {
-      std::vector<float> bias(Lq * Lk);
+      std::vector<float> bias(s.Lq * s.Lk);
       for (float& x : bias) x = in.ConsumeIntegralInRange<int>(-8, 8) / 8.0f;
-      mods.bias = Array<float>({Lq, Lk}, bias);
+      mods.bias = Array<float>({s.Lq, s.Lk}, bias);
     }
     if (parts & 32768) {
-      for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t h = 0; h < s.Hq; ++h)
         mods.sinks.push_back(in.ConsumeIntegralInRange<int>(-8, 8) / 4.0f);
     }
     if (parts & 65536) {
@@ -146,32 +151,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       comparable = false;
     }
   } catch (const Error&) {
-    return 0;  // a component rejected its arguments
+    return false;
   }
+  return true;
+}
 
-  g_case = std::string(dtype_name(dtype)) + " q " + shape_string({B, Hq, Lq, D}) + " k " +
-           shape_string({B, Hkv, Lk, D}) + " Dv " + std::to_string(Dv) + " mask " +
-           mask.describe() + " mods:" + (mods.softcap ? " softcap" : "") +
-           (mods.alibi_slopes.empty() ? "" : " alibi") + (mods.bias ? " bias" : "") +
-           (mods.sinks.empty() ? "" : " sinks") + (mods.threshold ? " threshold" : "");
-  Tensor q(dtype, {B, Hq, Lq, D}), k(dtype, {B, Hkv, Lk, D}), v(dtype, {B, Hkv, Lk, Dv});
-  Tensor dout(dtype, {B, Hq, Lq, Dv});
-  for (Tensor* t : {&q, &k, &v, &dout}) {
-    for (int64_t n = 0; n < t->numel(); ++n) t->set(n, value(in, comparable));
-  }
+std::string describe_case(DType dtype, const Shapes& s, const Mask& mask, const ScoreMods& mods) {
+  return std::string(dtype_name(dtype)) + " q " + shape_string({s.B, s.Hq, s.Lq, s.D}) + " k " +
+         shape_string({s.B, s.Hkv, s.Lk, s.D}) + " Dv " + std::to_string(s.Dv) + " mask " +
+         mask.describe() + " mods:" + (mods.softcap ? " softcap" : "") +
+         (mods.alibi_slopes.empty() ? "" : " alibi") + (mods.bias ? " bias" : "") +
+         (mods.sinks.empty() ? "" : " sinks") + (mods.threshold ? " threshold" : "");
+}
 
-  Options options;
-  options.threads = in.ConsumeIntegralInRange<int>(1, 3);
-  const detail::ScopedBlockSkipping scoped_skipping(in.ConsumeBool());
-  g_case += " threads " + std::to_string(options.threads) +
-            (detail::block_skipping() ? "" : " no-skipping");
-  Tensor out_fused(dtype, {B, Hq, Lq, Dv}), out_exact(dtype, {B, Hq, Lq, Dv});
-  Tensor lse_fused(DType::f32, {B, Hq, Lq}), lse_exact(DType::f32, {B, Hq, Lq});
+// The forward with both kernels: both must accept or both reject. False if both rejected; else
+// the fused kernel's O and LSE are in `out` and `lse`.
+bool check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Mask& mask,
+                   const ScoreMods& mods, Options options, bool comparable, Tensor& out,
+                   Tensor& lse) {
+  Tensor out_exact(out.dtype, out.shape), lse_exact(DType::f32, lse.shape);
   bool fused_failed = false, exact_failed = false;
   try {
     options.kernel = Kernel::fused;
-    attention(q.view(), k.view(), v.view(), out_fused.mutable_view(), mask, mods, options,
-              lse_fused.mutable_view());
+    attention(q.view(), k.view(), v.view(), out.mutable_view(), mask, mods, options,
+              lse.mutable_view());
   } catch (const Error&) {
     fused_failed = true;
   }
@@ -186,33 +189,38 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::fprintf(stderr, "one kernel rejected the input, the other did not\n");
     std::abort();
   }
-  if (fused_failed) return 0;
+  if (fused_failed) return false;
+  const DType dtype = q.dtype;
   const double tol = dtype == DType::f32 ? 1e-4 : dtype == DType::f16 ? 1e-2 : 5e-2;
   if (comparable) {
-    expect_close(out_fused, out_exact, tol, "out");
-    expect_close(lse_fused, lse_exact, tol, "lse");
+    expect_close(out, out_exact, tol, "out");
+    expect_close(lse, lse_exact, tol, "lse");
   }
+  return true;
+}
 
-  // The backward, both kernels, from the fused forward's outputs.
+// The backward, both kernels, from the fused forward's outputs.
+void check_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                    const Tensor& out, const Tensor& lse, const Mask& mask, const ScoreMods& mods,
+                    Options options, bool comparable) {
+  const DType dtype = q.dtype;
   Tensor dq_f(dtype, q.shape), dk_f(dtype, k.shape), dv_f(dtype, v.shape);
   Tensor dq_r(dtype, q.shape), dk_r(dtype, k.shape), dv_r(dtype, v.shape);
-  ScoreMods backward_mods = mods;  // score_fn is never set here
   try {
     options.kernel = Kernel::fused;
-    attention_backward(q.view(), k.view(), v.view(), out_fused.view(), lse_fused.view(),
-                       dout.view(),
+    attention_backward(q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(),
                        {dq_f.mutable_view(), dk_f.mutable_view(), dv_f.mutable_view(), {}, {}},
-                       mask, backward_mods, options);
+                       mask, mods, options);
     options.kernel = Kernel::reference;
-    attention_backward(q.view(), k.view(), v.view(), out_fused.view(), lse_fused.view(),
-                       dout.view(),
+    attention_backward(q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(),
                        {dq_r.mutable_view(), dk_r.mutable_view(), dv_r.mutable_view(), {}, {}},
-                       mask, backward_mods, options);
+                       mask, mods, options);
   } catch (const Error&) {
     std::fprintf(stderr, "the backward rejected what the forward accepted\n");
     std::abort();
   }
   if (comparable) {
+    const int64_t D = q.shape[3], Dv = v.shape[3];
     // The fused backward takes D_i = Σ_e dO_ie·O_ie from the forward's O, rounded to the dtype;
     // the reference recomputes O exactly. With 16-bit O, D_i is off by up to
     // u·Σ_e |dO_ie·O_ie| (u the unit roundoff), which dS = P∘(dP − D) passes on to dQ (at most
@@ -220,10 +228,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // use D.
     const double u = dtype == DType::f32 ? 0.0 : dtype == DType::f16 ? 0x1p-11 : 0x1p-8;
     double max_error_d = 0.0, sum_error_d = 0.0, max_q = 0.0, max_k = 0.0;
-    for (int64_t row = 0; row < B * Hq * Lq; ++row) {
+    for (int64_t row = 0; row < q.shape[0] * q.shape[1] * q.shape[2]; ++row) {
       double sum = 0.0;
       for (int64_t e = 0; e < Dv; ++e) {
-        sum += std::fabs(double{dout.get(row * Dv + e)} * out_fused.get(row * Dv + e));
+        sum += std::fabs(double{dout.get(row * Dv + e)} * out.get(row * Dv + e));
       }
       max_error_d = std::max(max_error_d, 2 * u * sum);
       sum_error_d += 2 * u * sum;
@@ -236,5 +244,33 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     expect_close(dk_f, dk_r, grad_tol, "dk", scale * max_q * sum_error_d);
     expect_close(dv_f, dv_r, grad_tol, "dv");
   }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider in(data, size);
+  const DType dtype = in.PickValueInArray({DType::f32, DType::f16, DType::bf16});
+  const Shapes s = consume_shapes(in);
+  bool comparable = true;
+  Mask mask;
+  ScoreMods mods;  // score_fn is never set here: the backward takes the same modifiers
+  if (!consume_mask_and_mods(in, s, mask, mods, comparable)) return 0;
+
+  g_case = describe_case(dtype, s, mask, mods);
+  Tensor q(dtype, {s.B, s.Hq, s.Lq, s.D}), k(dtype, {s.B, s.Hkv, s.Lk, s.D});
+  Tensor v(dtype, {s.B, s.Hkv, s.Lk, s.Dv}), dout(dtype, {s.B, s.Hq, s.Lq, s.Dv});
+  for (Tensor* t : {&q, &k, &v, &dout}) {
+    for (int64_t n = 0; n < t->numel(); ++n) t->set(n, value(in, comparable));
+  }
+
+  Options options;
+  options.threads = in.ConsumeIntegralInRange<int>(1, 3);
+  const detail::ScopedBlockSkipping scoped_skipping(in.ConsumeBool());
+  g_case += " threads " + std::to_string(options.threads) +
+            (detail::block_skipping() ? "" : " no-skipping");
+  Tensor out(dtype, {s.B, s.Hq, s.Lq, s.Dv}), lse(DType::f32, {s.B, s.Hq, s.Lq});
+  if (!check_forward(q, k, v, mask, mods, options, comparable, out, lse)) return 0;
+  check_backward(q, k, v, dout, out, lse, mask, mods, options, comparable);
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include "maskattn/multihead.h"
 #include "test_util.h"
@@ -34,6 +35,10 @@ TEST(CliExample, PrintsTheSeedWeightsAndOutput) {
   EXPECT_TRUE(contains(out, "  [[   0, -inf, -inf],\n"));     // the mask
   EXPECT_TRUE(contains(out, "  [[1.000,  -inf,  -inf],\n"));  // masked scores
   EXPECT_TRUE(result.err.empty());
+  // Named for what it is, not for where it first appeared.
+  EXPECT_TRUE(contains(out, "step by step: the 'I love dog' worked example.\n")) << out;
+  EXPECT_FALSE(contains(out, "seed")) << out;
+  EXPECT_TRUE(contains(run_cli("--help").out, "the 'I love dog' worked example, step by step"));
 }
 
 TEST(CliMask, DrawsTheGridWithIndicesAndCounts) {
@@ -280,6 +285,79 @@ TEST_F(CliAttend, InvalidInputWritesNothing) {
   EXPECT_FALSE(std::filesystem::exists(path("out.npy")));
   for (const auto& entry : std::filesystem::directory_iterator(dir_.root())) {
     EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
+}
+
+// Inputs are memory-mapped and used in place when they can be; the files they cannot be (Fortran
+// order, data not aligned to its element size) are converted and give the same bits.
+TEST_F(CliAttend, FortranOrderAndUnalignedInputsGiveTheSameOutput) {
+  ASSERT_EQ(run_cli(files() + " --mask causal").exit_code, 0);
+  const std::vector<uint8_t> expected = read_npy(path("out.npy")).bytes();
+  // q as [B,H,L,D] in Fortran order: the first index varies fastest.
+  std::vector<float> columns(q_.size());
+  for (int64_t n = 0; n < B * H * L * D; ++n) {
+    const int64_t b = n / (H * L * D), h = n / (L * D) % H, i = n / D % L, d = n % D;
+    columns[((d * L + i) * H + h) * B + b] = q_[n];
+  }
+  const std::string fortran_header =
+      "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3, 5, 4), }";
+  // A short header, not padded: the data starts at a byte offset that is not a multiple of 4.
+  const std::string unaligned_header =
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3, 5, 4), } \n";
+  ASSERT_NE((10 + unaligned_header.size()) % 4, 0u);
+  const auto write_with = [&](const std::string& name, std::string header,
+                              const std::vector<float>& values) {
+    if (header.back() != '\n') header += std::string(63 - (10 + header.size()) % 64, ' ') + "\n";
+    std::ofstream file(path(name), std::ios::binary);
+    file << "\x93NUMPY\x01" << '\0' << static_cast<char>(header.size()) << '\0' << header;
+    file.write(reinterpret_cast<const char*>(values.data()),
+               static_cast<std::streamsize>(values.size() * 4));
+  };
+  write_with("qf.npy", fortran_header, columns);
+  write_with("qu.npy", unaligned_header, q_);
+  for (const char* q : {"qf.npy", "qu.npy"}) {
+    const test::CliResult result =
+        run_cli("attend --q " + path(q) + " --k " + path("k.npy") + " --v " + path("v.npy") +
+                " --out " + path("o2.npy") + " --mask causal");
+    ASSERT_EQ(result.exit_code, 0) << q << ": " << result.err;
+    EXPECT_EQ(read_npy(path("o2.npy")).bytes(), expected) << q;
+  }
+}
+
+// The mapped reader gives the catalogue's errors (docs/errors.md), and the outputs, created
+// before the computation, are removed again: no file and no temporary is left behind.
+TEST_F(CliAttend, BadInputFilesAreCatalogueErrorsAndLeaveNothingBehind) {
+  std::vector<uint8_t> image = serialize_npy(NpyArray::from_floats(k_, {B, H, L, D}));
+  const auto write_image = [&](const std::string& name, const std::vector<uint8_t>& bytes) {
+    std::ofstream file(path(name), std::ios::binary);
+    file.write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+  };
+  write_image("short.npy", std::vector<uint8_t>(image.begin(), image.end() - 1));
+  image.push_back(0);
+  write_image("long.npy", image);
+  write_npy(path("int.npy"),
+            NpyArray::from_int64(std::vector<int64_t>(B * H * L * D), {B, H, L, D}));
+  write_npy(path("k2.npy"), NpyArray::from_floats(std::vector<float>(H * L * D), {1, H, L, D}));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"short.npy",
+       "short.npy: truncated data: shape [2,3,5,4] of float32 needs 480 bytes, file "
+       "has 479"},
+      {"long.npy", "long.npy: 1 trailing bytes after the data"},
+      {"int.npy", "int.npy has dtype int64; attention inputs are float32 or float16"},
+      {"k2.npy", "k batch 1 does not match q batch 2"},  // after the outputs were created
+  };
+  for (const auto& [k, message] : cases) {
+    const test::CliResult result =
+        run_cli("attend --q " + path("q.npy") + " --k " + path(k) + " --v " + path("v.npy") +
+                " --out " + path("o.npy") + " --lse " + path("lse.npy"));
+    EXPECT_EQ(result.exit_code, 1) << k;
+    EXPECT_TRUE(contains(result.err, message)) << result.err;
+    EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_.root())) {
+      const std::string name = entry.path().filename().string();
+      EXPECT_TRUE(name != "o.npy" && name != "lse.npy" && !contains(name, ".tmp-")) << name;
+    }
   }
 }
 

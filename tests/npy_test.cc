@@ -5,7 +5,8 @@
 #include "maskattn/npy.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>  // mkdtemp
+#include <stdlib.h>    // mkdtemp
+#include <sys/stat.h>  // mkfifo
 
 #include <cmath>
 #include <cstring>
@@ -785,6 +786,141 @@ TEST(NpyFile, WriteReplacesExistingFile) {
   write_npy(path, NpyArray::from_floats(std::vector<float>(1000), {1000}));
   write_npy(path, NpyArray::from_int64({4}, {}));
   EXPECT_EQ(read_npy(path).to_int64("r"), (std::vector<int64_t>{4}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory-mapped files (MappedNpy): the same checks and messages as read_npy, the data in place
+
+// The message of the Error that MappedNpy raises for `path`, or a note saying it did not raise.
+std::string map_error(const std::string& path) {
+  try {
+    MappedNpy mapped(path);
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "<no error>";
+}
+
+TEST(NpyMapped, UsesTheFileDataInPlaceAndEqualsReadNpy) {
+  const TempDir dir;
+  const std::string path = dir.file("m.npy");
+  const NpyArray array = NpyArray::from_floats({1, 2, 3, 4, 5, 6}, {2, 3});
+  write_npy(path, array);
+  const MappedNpy mapped(path);
+  EXPECT_EQ(mapped.type(), NpyType::f4);
+  EXPECT_EQ(mapped.shape(), (Dims{2, 3}));
+  EXPECT_EQ(mapped.layout().data_offset, 128u);
+  EXPECT_EQ(mapped.layout().data_size, 24u);
+  ASSERT_NE(mapped.c_order_data(), nullptr);
+  EXPECT_EQ(std::memcmp(mapped.c_order_data(), array.bytes().data(), 24), 0);
+  const NpyArray copy = mapped.to_array();
+  EXPECT_EQ(copy.bytes(), array.bytes());
+  EXPECT_EQ(read_npy(path).bytes(), array.bytes());
+}
+
+TEST(NpyMapped, SerializeHeaderIsTheFilesPrefix) {
+  const NpyArray array = NpyArray::from_int64({1, 2, 3}, {3});
+  std::vector<uint8_t> image = serialize_npy_header(NpyType::i8, {3});
+  EXPECT_EQ(image.size() % 64, 0u);
+  append(image, array.bytes());
+  EXPECT_EQ(image, serialize_npy(array));
+}
+
+TEST(NpyMapped, TruncatedAndOversizedDataAreTheCatalogueErrors) {
+  const TempDir dir;
+  std::vector<uint8_t> image = serialize_npy(NpyArray::from_floats({1, 2, 3}, {3}));
+  image.pop_back();  // E51: the header promises 12 bytes of data, the file has 11
+  write_raw(dir.file("short.npy"), image);
+  EXPECT_EQ(map_error(dir.file("short.npy")),
+            dir.file("short.npy") +
+                ": truncated data: shape [3] of float32 needs 12 bytes, file "
+                "has 11");
+  image.push_back(0);
+  image.push_back(0);  // E56: the header says less than the file holds
+  write_raw(dir.file("long.npy"), image);
+  EXPECT_EQ(map_error(dir.file("long.npy")),
+            dir.file("long.npy") +
+                ": 1 trailing bytes after the data: shape [3] of float32 "
+                "needs 12 bytes, file has 13");
+  image.resize(40);  // E50: cut inside the header
+  write_raw(dir.file("header.npy"), image);
+  EXPECT_NE(map_error(dir.file("header.npy")).find(": truncated header"), std::string::npos);
+  write_raw(dir.file("empty.npy"), {});  // mmap cannot map 0 bytes: still a clean error
+  EXPECT_EQ(map_error(dir.file("empty.npy")),
+            dir.file("empty.npy") +
+                ": truncated preamble: file has 0 bytes, too few for the .npy "
+                "magic, version and header length");
+}
+
+TEST(NpyMapped, BigEndianAndUnsupportedDtypesAreRefused) {
+  const TempDir dir;
+  write_raw(dir.file("b.npy"),
+            npy_image(1, "{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }\n", "abcd"));
+  EXPECT_EQ(map_error(dir.file("b.npy")),
+            dir.file("b.npy") +
+                ": big-endian dtype '>f4' is unsupported; convert the array to "
+                "little-endian first, e.g. arr.astype('<f4')");
+  write_raw(
+      dir.file("c.npy"),
+      npy_image(1, "{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }\n", "abcdefgh"));
+  EXPECT_NE(map_error(dir.file("c.npy")).find("unsupported dtype '<c8'"), std::string::npos);
+}
+
+TEST(NpyMapped, FortranOrderIsNotUsedInPlaceButCopiedTransposed) {
+  const TempDir dir;
+  // [[1, 2, 3], [4, 5, 6]] in Fortran order: columns first.
+  const std::vector<uint8_t> columns = raw_bytes(std::vector<float>{1, 4, 2, 5, 3, 6});
+  write_raw(dir.file("f.npy"),
+            npy_image(1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }\n",
+                      std::string_view(reinterpret_cast<const char*>(columns.data()), 24)));
+  const MappedNpy mapped(dir.file("f.npy"));
+  EXPECT_EQ(mapped.c_order_data(), nullptr);
+  EXPECT_EQ(mapped.to_array().to_float32("f"), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+}
+
+TEST(NpyMapped, UnalignedDataIsNotUsedInPlace) {
+  const TempDir dir;
+  // A hand-written header of odd length: the float32 data starts at byte 67, not a multiple of 4.
+  const std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }   \n";
+  ASSERT_EQ((10 + header.size()) % 4, 3u);
+  const std::vector<uint8_t> values = raw_bytes(std::vector<float>{1.5f, -2});
+  write_raw(
+      dir.file("u.npy"),
+      npy_image(1, header, std::string_view(reinterpret_cast<const char*>(values.data()), 8)));
+  const MappedNpy mapped(dir.file("u.npy"));
+  EXPECT_EQ(mapped.c_order_data(), nullptr);
+  EXPECT_EQ(mapped.to_array().to_float32("u"), (std::vector<float>{1.5f, -2}));
+}
+
+TEST(NpyMapped, BoolBytesAreCheckedBeforeTheyAreHandedOut) {
+  const TempDir dir;
+  write_raw(dir.file("b.npy"),
+            npy_image(1, "{'descr': '|b1', 'fortran_order': False, 'shape': (3,), }\n",
+                      "\x01\x00\x02"sv));
+  EXPECT_EQ(map_error(dir.file("b.npy")),
+            dir.file("b.npy") + ": bool element 2 has byte value 2; expected 0 or 1");
+}
+
+TEST(NpyMapped, MissingFilesDirectoriesAndFifosAreRefusedWithoutWaiting) {
+  const TempDir dir;
+  EXPECT_EQ(map_error(dir.file("none.npy")),
+            "cannot open '" + dir.file("none.npy") + "': No such file or directory");
+  EXPECT_EQ(map_error(dir.path()), "cannot read '" + dir.path() + "': Is a directory");
+  const std::string fifo = dir.file("fifo.npy");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(map_error(fifo).find("cannot read '" + fifo + "'"), std::string::npos);  // no hang
+}
+
+TEST(NpyMapped, MappedFileMovesItsMapping) {
+  const TempDir dir;
+  write_npy(dir.file("m.npy"), NpyArray::from_floats({7}, {1}));
+  MappedFile first = MappedFile::open_read_only(dir.file("m.npy"));
+  const uint8_t* data = first.data();
+  ASSERT_NE(data, nullptr);
+  MappedFile second = std::move(first);
+  EXPECT_EQ(second.data(), data);
+  EXPECT_EQ(first.data(), nullptr);  // NOLINT(bugprone-use-after-move): moved-from is empty
+  EXPECT_EQ(second.size(), 132u);
 }
 
 }  // namespace

@@ -56,13 +56,78 @@ class NpyArray {
   std::vector<uint8_t> bytes_;
 };
 
+// What the header of a .npy image says, checked against the image's size: the data must fill the
+// shape exactly (no truncated data, no trailing bytes).
+struct NpyLayout {
+  NpyType type = NpyType::f4;
+  Dims shape;
+  bool fortran_order = false;
+  size_t data_offset = 0;  // where the element bytes start in the image
+  size_t data_size = 0;    // numel · element size, the rest of the image
+};
+// Parses and checks the preamble and header only, with parse_npy's messages; reads no data byte.
+NpyLayout parse_npy_layout(const uint8_t* data, size_t size, const std::string& name);
+
 // Parses a whole .npy image held in memory; `name` is used in error messages.
 NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& name);
-// Reads a file; errors name the path.
+// Reads a file (through MappedNpy, then copied); errors name the path.
 NpyArray read_npy(const std::string& path);
+
+// A file mapped into memory with POSIX mmap; unmapped on destruction. Move-only.
+class MappedFile {
+ public:
+  MappedFile() = default;
+  // The whole file, read-only. Errors name the path: "cannot open '…': …", and "cannot read '…'"
+  // for directories and other files that are not regular files (FIFOs are not waited on).
+  static MappedFile open_read_only(const std::string& path);
+  // The first `size` bytes of the open file `fd`, readable and writable, shared with the file:
+  // what is stored there is the file's content. `path` names the file in messages.
+  static MappedFile map_writable(int fd, size_t size, const std::string& path);
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const uint8_t* data() const { return data_; }
+  uint8_t* mutable_data() { return data_; }  // only for map_writable
+  size_t size() const { return size_; }
+
+ private:
+  uint8_t* data_ = nullptr;  // null for an empty file: mmap cannot map 0 bytes
+  size_t size_ = 0;
+};
+
+// A .npy file used in place, as numpy.load(path, mmap_mode="r") does: the header is parsed and
+// checked as read_npy does (same errors), but the elements stay in the file's read-only mapping,
+// and the kernel's reads load its pages. The file must not shrink while it is mapped: like any
+// mapped file, reading a page that no longer exists raises SIGBUS.
+class MappedNpy {
+ public:
+  explicit MappedNpy(const std::string& path);
+
+  const NpyLayout& layout() const { return layout_; }
+  NpyType type() const { return layout_.type; }
+  const Dims& shape() const { return layout_.shape; }
+  const std::string& path() const { return path_; }
+  // The element bytes, usable in place: C order (a Fortran-order array of rank > 1 is not) and
+  // aligned to the element size (numpy aligns its data to 64 bytes; a hand-written header may
+  // not). Null when they are not; then to_array() makes the C-order copy.
+  const uint8_t* c_order_data() const;
+  // The array as read_npy returns it: a C-order copy (Fortran order transposed, bools checked).
+  NpyArray to_array() const;
+
+ private:
+  std::string path_;
+  MappedFile file_;
+  NpyLayout layout_;
+};
 
 // Format 1.0 (2.0 when the header needs it), C order, header padded to a multiple of 64 bytes.
 std::vector<uint8_t> serialize_npy(const NpyArray& array);
+// The bytes before the data of such a file holding `shape` of `type`: magic, version, header.
+// Its length is a multiple of 64, so the data that follows is aligned like numpy's.
+std::vector<uint8_t> serialize_npy_header(NpyType type, const Dims& shape);
 // Writes the file; throws Error naming the path if it cannot be written completely.
 void write_npy(const std::string& path, const NpyArray& array);
 

@@ -1,4 +1,4 @@
-// NumPy .npy reading and writing. Format reference: numpy/lib/format.py and NEP 1.
+// NumPy .npy reading (writing: npy_write.cc). Format reference: numpy/lib/format.py and NEP 1.
 //
 // Layout: magic "\x93NUMPY", major and minor version bytes, the header length (uint16 LE for 1.0,
 // uint32 LE for 2.0/3.0), the header (a Python dict literal padded with spaces and ending in
@@ -8,27 +8,23 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <iterator>
 #include <limits>
-#include <memory>
 #include <string_view>
-#include <system_error>
 
 #include "maskattn/error.h"
-#include "maskattn/memory.h"
+#include "npy_internal.h"
 
 namespace maskattn {
 namespace {
 
-constexpr std::string_view kMagic("\x93NUMPY", 6);
-constexpr size_t kAlignment = 64;  // numpy's ARRAY_ALIGN: data starts on a 64-byte boundary
-// numpy leaves room to rewrite shape[0] in place with up to this many digits (numpy >= 1.24).
-constexpr size_t kGrowthAxisMaxDigits = 21;
+using npy_detail::checked_byte_size;
+using npy_detail::kMagic;
+using npy_detail::shape_and_type;
+
 constexpr size_t kMaxRank = 32;  // numpy 1.x's NPY_MAXDIMS
 
 static_assert(sizeof(float16) == 2, "float16 must be exactly its 16 bits to be memcpy'd");
@@ -84,21 +80,6 @@ std::string excerpt(std::string_view text) {
   }
   if (text.size() > kMaxShown) out += "...";
   return out + "'";
-}
-
-// Bytes needed to hold `shape` of `type`; throws Error starting with `what` if that overflows.
-int64_t checked_byte_size(NpyType type, const Dims& shape, const std::string& what) {
-  const int64_t numel = checked_numel(shape, what);
-  const auto element_size = static_cast<int64_t>(npy_type_size(type));
-  if (numel > std::numeric_limits<int64_t>::max() / element_size) {
-    throw Error(what + " shape " + shape_string(shape) + " of " + npy_type_name(type) +
-                " is too large: its data size overflows int64");
-  }
-  return numel * element_size;
-}
-
-std::string shape_and_type(const Dims& shape, NpyType type) {
-  return "shape " + shape_string(shape) + " of " + npy_type_name(type);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -430,75 +411,26 @@ std::vector<int64_t> widen_to_int64(const std::vector<uint8_t>& bytes) {
   return std::vector<int64_t>(values.begin(), values.end());
 }
 
-// ---------------------------------------------------------------------------------------------
-// Serialization
-
-// Python's repr of a tuple: () for a scalar, (5,) for rank 1, (2, 3) otherwise.
-std::string shape_tuple(const Dims& shape) {
-  std::string text = "(";
-  for (size_t axis = 0; axis < shape.size(); ++axis) {
-    if (axis > 0) text += ", ";
-    text += std::to_string(shape[axis]);
-  }
-  if (shape.size() == 1) text += ",";
-  return text + ")";
-}
-
-// The dict exactly as numpy's _write_array_header prints it (keys sorted), including the spare
-// spaces that let shape[0] grow in place.
-std::string header_dict(const NpyArray& array) {
-  std::string dict = std::string("{'descr': '") + npy_type_descr(array.type()) +
-                     "', 'fortran_order': False, 'shape': " + shape_tuple(array.shape()) + ", }";
-  if (!array.shape().empty()) {
-    const size_t digits = std::to_string(array.shape()[0]).size();
-    dict.append(kGrowthAxisMaxDigits - std::min(digits, kGrowthAxisMaxDigits), ' ');
-  }
-  return dict;
-}
-
-// numpy's _wrap_header: spaces then '\n' so that the data starts on a 64-byte boundary. numpy
-// computes the padding as 64 - (length % 64), so an already aligned header gains a full 64.
-std::string padded_header(const std::string& dict, size_t preamble_size) {
-  const size_t unpadded = preamble_size + dict.size() + 1;
-  return dict + std::string(kAlignment - unpadded % kAlignment, ' ') + "\n";
-}
-
-void append_le(std::vector<uint8_t>& out, uint32_t value, size_t count) {
-  for (size_t i = 0; i < count; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Files
-
-std::string errno_message(int error) {
-  return std::generic_category().message(error);
-}
-
-struct FileCloser {
-  void operator()(std::FILE* file) const { std::fclose(file); }
-};
-using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
-
-std::vector<uint8_t> read_whole_file(const std::string& path) {
-  FilePtr file(std::fopen(path.c_str(), "rb"));
-  if (!file) throw Error("cannot open '" + path + "': " + errno_message(errno));
-  // file_size refuses directories and other non-regular files, which fopen lets through.
-  std::error_code error;
-  const uintmax_t size = std::filesystem::file_size(path, error);
-  if (error) throw Error("cannot read '" + path + "': " + error.message());
-  // The file is held twice at peak: its bytes, then the parsed array.
-  require_memory(2.0 * static_cast<double>(size), "reading '" + path + "'");
-  std::vector<uint8_t> contents(static_cast<size_t>(size));
-  const size_t read = std::fread(contents.data(), 1, contents.size(), file.get());
-  if (read != contents.size()) {
-    const std::string reason =
-        std::ferror(file.get()) ? errno_message(errno) : "the file shrank while being read";
-    throw Error("cannot read '" + path + "': " + reason);
-  }
-  return contents;
-}
-
 }  // namespace
+
+namespace npy_detail {
+
+// Bytes needed to hold `shape` of `type`; throws Error starting with `what` if that overflows.
+int64_t checked_byte_size(NpyType type, const Dims& shape, const std::string& what) {
+  const int64_t numel = checked_numel(shape, what);
+  const auto element_size = static_cast<int64_t>(npy_type_size(type));
+  if (numel > std::numeric_limits<int64_t>::max() / element_size) {
+    throw Error(what + " shape " + shape_string(shape) + " of " + npy_type_name(type) +
+                " is too large: its data size overflows int64");
+  }
+  return numel * element_size;
+}
+
+std::string shape_and_type(const Dims& shape, NpyType type) {
+  return "shape " + shape_string(shape) + " of " + npy_type_name(type);
+}
+
+}  // namespace npy_detail
 
 const char* npy_type_name(NpyType type) {
   return type_info(type).name;
@@ -640,7 +572,7 @@ std::vector<int64_t> NpyArray::to_int64(const std::string& what) const {
 // ---------------------------------------------------------------------------------------------
 // Files and images
 
-NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& name) {
+NpyLayout parse_npy_layout(const uint8_t* data, size_t size, const std::string& name) {
   const Preamble preamble = parse_preamble(data, size, name);
   const std::string_view text(reinterpret_cast<const char*>(data) + preamble.header_offset,
                               preamble.header_size);
@@ -660,66 +592,30 @@ NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& name) {
     throw Error(name + ": " + std::to_string(available - needed) +
                 " trailing bytes after the data: " + sizes);
   }
+  NpyLayout layout;
+  layout.type = header.type;
+  layout.shape = header.shape;
+  layout.fortran_order = header.fortran_order;
+  layout.data_offset = data_offset;
+  layout.data_size = static_cast<size_t>(needed);
+  return layout;
+}
 
-  const uint8_t* payload = data + data_offset;
+NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& name) {
+  const NpyLayout layout = parse_npy_layout(data, size, name);
+  const uint8_t* payload = data + layout.data_offset;
+  const size_t element_size = npy_type_size(layout.type);
   std::vector<uint8_t> bytes =
-      header.fortran_order && header.shape.size() > 1
-          ? fortran_to_c_order(payload, header.shape, needed / npy_type_size(header.type),
-                               npy_type_size(header.type))
-          : std::vector<uint8_t>(payload, payload + needed);
-  if (header.type == NpyType::b1) check_bools(bytes, name);
-  return NpyArray(header.type, header.shape, std::move(bytes));
+      layout.fortran_order && layout.shape.size() > 1
+          ? fortran_to_c_order(payload, layout.shape,
+                               static_cast<int64_t>(layout.data_size / element_size), element_size)
+          : std::vector<uint8_t>(payload, payload + layout.data_size);
+  if (layout.type == NpyType::b1) check_bools(bytes, name);
+  return NpyArray(layout.type, layout.shape, std::move(bytes));
 }
 
 NpyArray read_npy(const std::string& path) {
-  const std::vector<uint8_t> contents = read_whole_file(path);
-  return parse_npy(contents.data(), contents.size(), path);
-}
-
-std::vector<uint8_t> serialize_npy(const NpyArray& array) {
-  // A default-constructed NpyArray holds no bytes for its scalar shape; refuse to write it.
-  const int64_t data_size = checked_byte_size(array.type(), array.shape(), "serialize_npy");
-  if (static_cast<uint64_t>(data_size) != array.bytes().size()) {
-    throw Error("serialize_npy: " + shape_and_type(array.shape(), array.type()) + " needs " +
-                std::to_string(data_size) + " bytes, the array holds " +
-                std::to_string(array.bytes().size()));
-  }
-  const std::string dict = header_dict(array);
-  // Like numpy: format 1.0 when the header fits its uint16 length, else 2.0 (uint32).
-  uint8_t major = 1;
-  size_t length_size = 2;
-  std::string header = padded_header(dict, kMagic.size() + 2 + length_size);
-  if (header.size() > std::numeric_limits<uint16_t>::max()) {
-    major = 2;
-    length_size = 4;
-    header = padded_header(dict, kMagic.size() + 2 + length_size);
-  }
-  if (header.size() > std::numeric_limits<uint32_t>::max()) {
-    throw Error("serialize_npy: header for rank " + std::to_string(array.rank()) +
-                " does not fit in a .npy file");
-  }
-
-  std::vector<uint8_t> out(kMagic.begin(), kMagic.end());
-  out.reserve(kMagic.size() + 2 + length_size + header.size() + array.bytes().size());
-  out.push_back(major);
-  out.push_back(0);
-  append_le(out, static_cast<uint32_t>(header.size()), length_size);
-  out.insert(out.end(), header.begin(), header.end());
-  out.insert(out.end(), array.bytes().begin(), array.bytes().end());
-  return out;
-}
-
-void write_npy(const std::string& path, const NpyArray& array) {
-  const std::vector<uint8_t> image = serialize_npy(array);
-  FilePtr file(std::fopen(path.c_str(), "wb"));
-  if (!file) throw Error("cannot create '" + path + "': " + errno_message(errno));
-  if (std::fwrite(image.data(), 1, image.size(), file.get()) != image.size()) {
-    throw Error("cannot write '" + path + "': " + errno_message(errno));
-  }
-  // Buffered data only reaches the disk on close, where e.g. "No space left on device" shows up.
-  if (std::fclose(file.release()) != 0) {
-    throw Error("cannot write '" + path + "': " + errno_message(errno));
-  }
+  return MappedNpy(path).to_array();
 }
 
 }  // namespace maskattn

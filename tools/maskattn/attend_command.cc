@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <optional>
+#include <functional>
+#include <memory>
 #include <vector>
 
+#include "command_options.h"
 #include "commands.h"
 #include "heatmap_files.h"
 #include "maskattn/attention.h"
@@ -16,8 +18,67 @@
 #include "maskattn/heatmap.h"
 #include "maskattn/mask_spec.h"
 #include "npy_tensors.h"
+#include "output_files.h"
 
 namespace maskattn::cli {
+
+namespace {
+
+// What the steps below share: the views the computation reads and how it is called.
+struct Computation {
+  TensorView q, k, v;  // [B,H,L,D] in the compute dtype
+  const MaskSpecs& specs;
+  const Options& options;
+  DType dtype;
+};
+
+// --repeat: `repeat` more runs of `compute`, timed. Compute only: no file I/O, no conversions.
+// Fixed format: scripts read this line.
+void print_timing(const std::function<void()>& compute, int repeat) {
+  std::vector<double> times;
+  for (int r = 0; r < repeat; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    compute();
+    times.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
+  }
+  std::sort(times.begin(), times.end());
+  const size_t n = times.size();
+  const double median = n % 2 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
+  std::fprintf(stderr, "time_ms median=%.3f min=%.3f max=%.3f\n", median, times.front(),
+               times.back());
+}
+
+// --report: the numeric health report, one line per (batch, head), then the warnings.
+void print_health_report(const Computation& c) {
+  const HealthReport report = health_report(c.q, c.k, c.v, c.specs.mask, c.specs.mods, c.options);
+  fmt::print("numeric health report ({}): per head, over allowed pairs\n", dtype_name(c.dtype));
+  fmt::print("{:>3} {:>3} {:>22} {:>10} {:>13} {:>8} {:>10} {:>5} {:>5}\n", "b", "h",
+             "score min / max", "max logit", "entropy nats", "hidden", "empty rows", "NaN", "Inf");
+  for (const HeadHealth& head : report.heads) {
+    fmt::print(
+        "{:>3} {:>3} {:>10.4g} / {:<9.4g} {:>10.4g} {:>13.4f} {:>7.1f}% {:>10} {:>5} {:>5}\n",
+        head.b, head.h, head.score_min, head.score_max, head.max_logit, head.mean_entropy,
+        100.0 * head.hidden_fraction, head.empty_rows, head.nan_count, head.inf_count);
+  }
+  for (const std::string& warning : report.warnings) fmt::print("warning: {}\n", warning);
+  if (report.warnings.empty()) fmt::print("no warnings\n");
+}
+
+// --heatmap: panels of the weights, one per (b, h), at most 16; hidden pairs hatched.
+void write_weights_heatmap(const Computation& c, const std::string& path,
+                           const std::string& tokens) {
+  const int64_t batch = c.q.size(0), heads = c.q.size(1), q_len = c.q.size(2), k_len = c.k.size(2);
+  TensorBuffer weights(DType::f32, {batch, heads, q_len, k_len});
+  attention_weights(c.q, c.k, weights.mutable_view(), c.specs.mask, c.specs.mods, c.options);
+  const HeatmapLabels labels =
+      token_labels(tokens, q_len, k_len, c.specs.mask.alignment() == Alignment::top_left);
+  const Array<uint8_t> allowed = allowed_pairs(c.specs.mask, {batch, heads, q_len, k_len});
+  write_heatmap(path, heatmap_panels(allowed, weights.to_floats()), labels);
+}
+
+}  // namespace
 
 int run_attend(const AttendArgs& args) {
   std::vector<std::pair<std::string, std::string>> outputs = {{"--out", args.out}};
@@ -31,89 +92,69 @@ int run_attend(const AttendArgs& args) {
   require_same_layout({&q, &k, &v}, "q, k and v");
   const DType dtype = choose_dtype(args.dtype, {&q, &k, &v});
   const MaskSpecs specs = parse_mask_specs(args.masks, q.file_rank == 3);
-  const Mask& mask = specs.mask;
-  const ScoreMods& mods = specs.mods;
   const Options options = call_options(args.scale, args.threads, args.kernel);
+  const ComputeInput q_in(q, dtype), k_in(k, dtype), v_in(v, dtype);
+  const Computation c{q_in.view(), k_in.view(), v_in.view(), specs, options, dtype};
 
-  const TensorBuffer q_buffer = TensorBuffer::from_floats(q.values, q.shape, dtype);
-  const TensorBuffer k_buffer = TensorBuffer::from_floats(k.values, k.shape, dtype);
-  const TensorBuffer v_buffer = TensorBuffer::from_floats(v.values, v.shape, dtype);
-  // Shapes are checked by attention(); these only size the buffers, so guard their indexing.
+  // The results go straight into their (temporary) files. Shapes are checked by attention();
+  // these only size the files, so guard their indexing.
+  OutputFiles files;
   const Dims out_shape = {q.shape[0], q.shape[1], q.shape[2], v.shape[3]};
-  TensorBuffer out(dtype, out_shape);
-  std::optional<TensorBuffer> lse;
-  if (!args.lse.empty()) lse.emplace(DType::f32, Dims{q.shape[0], q.shape[1], q.shape[2]});
-
-  // Library errors speak of the [B,H,L,D] views; add the files they came from.
-  const std::string input_files = " (" + q.flag + " " + shape_string(q.file_shape) + ", " + k.flag +
-                                  " " + shape_string(k.file_shape) + ", " + v.flag + " " +
-                                  shape_string(v.file_shape) + ")";
-  const auto compute = [&] {
-    attention(q_buffer.view(), k_buffer.view(), v_buffer.view(), out.mutable_view(), mask, mods,
-              options, lse ? lse->mutable_view() : MutableTensorView());
-  };
+  const MutableTensorView out = files.add("--out", args.out, result_type(q, dtype),
+                                          file_layout(q, out_shape), dtype, out_shape);
+  const Dims lse_shape = {q.shape[0], q.shape[1], q.shape[2]};
+  const MutableTensorView lse = args.lse.empty() ? MutableTensorView()
+                                                 : files.add("--lse", args.lse, NpyType::f4,
+                                                             lse_shape, DType::f32, lse_shape);
+  const auto compute = [&] { attention(c.q, c.k, c.v, out, specs.mask, specs.mods, options, lse); };
   try {
     compute();  // with --repeat, this is the warm-up
   } catch (const Error& error) {
-    throw Error(error.what() + input_files);
+    throw Error(error.what() + input_files({&q, &k, &v}));
   }
-  if (args.repeat > 0) {
-    // Compute only: no file I/O, no conversions. Fixed format: scripts read this line.
-    std::vector<double> times;
-    for (int r = 0; r < args.repeat; ++r) {
-      const auto start = std::chrono::steady_clock::now();
-      compute();
-      times.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-              .count());
-    }
-    std::sort(times.begin(), times.end());
-    const size_t n = times.size();
-    const double median = n % 2 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
-    std::fprintf(stderr, "time_ms median=%.3f min=%.3f max=%.3f\n", median, times.front(),
-                 times.back());
-  }
+  if (args.repeat > 0) print_timing(compute, args.repeat);
 
-  OutputFiles files;
-  const std::vector<float> out_values = out.to_floats();
-  files.add("--out", args.out, result_array(out_values, file_layout(q, out_shape), q, dtype));
-  if (lse) files.add("--lse", args.lse, NpyArray::from_floats(lse->to_floats(), lse->shape()));
-  if (args.report) {
-    const HealthReport report =
-        health_report(q_buffer.view(), k_buffer.view(), v_buffer.view(), mask, mods, options);
-    fmt::print("numeric health report ({}): per head, over allowed pairs\n", dtype_name(dtype));
-    fmt::print("{:>3} {:>3} {:>22} {:>10} {:>13} {:>8} {:>10} {:>5} {:>5}\n", "b", "h",
-               "score min / max", "max logit", "entropy nats", "hidden", "empty rows", "NaN",
-               "Inf");
-    for (const HeadHealth& head : report.heads) {
-      fmt::print(
-          "{:>3} {:>3} {:>10.4g} / {:<9.4g} {:>10.4g} {:>13.4f} {:>7.1f}% {:>10} {:>5} {:>5}\n",
-          head.b, head.h, head.score_min, head.score_max, head.max_logit, head.mean_entropy,
-          100.0 * head.hidden_fraction, head.empty_rows, head.nan_count, head.inf_count);
-    }
-    for (const std::string& warning : report.warnings) fmt::print("warning: {}\n", warning);
-    if (report.warnings.empty()) fmt::print("no warnings\n");
-  }
-  if (!args.heatmap.empty()) {
-    // Panels of the weights, one per (b, h), at most 16; hidden pairs hatched.
-    const MaskShape shape = {q.shape[0], q.shape[1], q.shape[2], k.shape[2]};
-    TensorBuffer weights(DType::f32, {q.shape[0], q.shape[1], q.shape[2], k.shape[2]});
-    attention_weights(q_buffer.view(), k_buffer.view(), weights.mutable_view(), mask, mods,
-                      options);
-    const HeatmapLabels labels =
-        token_labels(args.tokens, q.shape[2], k.shape[2], mask.alignment() == Alignment::top_left);
-    write_heatmap(args.heatmap, heatmap_panels(allowed_pairs(mask, shape), weights.to_floats()),
-                  labels);
-  }
+  if (args.report) print_health_report(c);
+  if (!args.heatmap.empty()) write_weights_heatmap(c, args.heatmap, args.tokens);
   if (!args.weights.empty()) {
-    TensorBuffer weights(DType::f32, {q.shape[0], q.shape[1], q.shape[2], k.shape[2]});
-    attention_weights(q_buffer.view(), k_buffer.view(), weights.mutable_view(), mask, mods,
-                      options);
-    files.add("--weights", args.weights,
-              NpyArray::from_floats(weights.to_floats(), weights.shape()));
+    const Dims shape = {q.shape[0], q.shape[1], q.shape[2], k.shape[2]};
+    attention_weights(c.q, c.k,
+                      files.add("--weights", args.weights, NpyType::f4, shape, DType::f32, shape),
+                      specs.mask, specs.mods, options);
   }
   files.commit();
   return 0;
+}
+
+Command add_attend_command(CLI::App& app) {
+  auto args = std::make_shared<AttendArgs>();
+  CLI::App* command = app.add_subcommand(
+      "attend", "O = softmax(scale·Q·Kᵀ + mask)·V for .npy inputs ([L,D], [B,L,D] or [B,H,L,D])");
+  command->add_option("--q", args->q, "queries .npy (float32/float16)")->required();
+  command->add_option("--k", args->k, "keys .npy")->required();
+  command->add_option("--v", args->v, "values .npy")->required();
+  command->add_option("--out", args->out, "output .npy (the input's dtype; f32 for bf16)")
+      ->required();
+  add_compute_options(command, *args, {}, {}, [&] {
+    command->add_option("--lse", args->lse, "also write the log-sum-exp [B,H,Lq] (f32)");
+    command->add_option("--weights", args->weights,
+                        "also write the weights [B,H,Lq,Lk] (f32; debug, O(Lq·Lk) memory)");
+  });
+  command
+      ->add_option("--repeat", args->repeat,
+                   "time the computation: 1 warm-up, then R runs; prints 'time_ms median=X min=Y "
+                   "max=Z' on stderr")
+      ->check(CLI::Range(1, 1000000));
+  command->add_flag("--report", args->report,
+                    "print a numeric health report per head (score range, max logit, weight "
+                    "entropy, hidden share, empty rows, NaN/Inf) and mask warnings");
+  command->add_option("--heatmap", args->heatmap,
+                      "also draw the weights, one panel per (batch, head): FILE.png or "
+                      "FILE.svg (hidden pairs hatched grey)");
+  command->add_option("--tokens", args->tokens,
+                      "heatmap labels: a text file of whitespace-separated tokens, one per key");
+  command->footer(mask_spec_help());
+  return {command, [args] { return run_attend(*args); }};
 }
 
 }  // namespace maskattn::cli

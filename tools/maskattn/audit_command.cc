@@ -2,9 +2,11 @@
 // the mask hides exactly what --expect hides and the kernel honours it; 1 otherwise.
 #include <fmt/core.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "command_options.h"
 #include "commands.h"
 #include "maskattn/audit.h"
 #include "maskattn/error.h"
@@ -112,6 +114,22 @@ int run_audit(const AuditArgs& args) {
   fmt::print(stderr, "maskattn: error: audit failed: {} kernel leaks, {} leaks, {} blind spots\n",
              r.kernel_leaks.size(), r.leaks.size(), r.blind_spots.size());
   return 1;
+}
+
+Command add_audit_command(CLI::App& app) {
+  auto args = std::make_shared<AuditArgs>();
+  CLI::App* command = app.add_subcommand(
+      "audit", "leakage audit: perturb every key and value, compare what changes with the mask");
+  add_mask_option(command, args->masks, "the mask under test (SPECs as in attend)");
+  command->add_option("--expect", args->expect, "the mask you meant (SPECs); optional")
+      ->take_all()
+      ->allow_extra_args(false);
+  command->add_option("--lq", args->q_len, "queries")->required();
+  command->add_option("--lk", args->k_len, "keys")->required();
+  command->add_option("--d", args->dim, "head dim of the random inputs (default 8)");
+  add_random_input_options(command, *args, "1");
+  command->footer(mask_spec_help());
+  return {command, [args] { return run_audit(*args); }};
 }
 
 }  // namespace maskattn::cli

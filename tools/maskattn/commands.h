@@ -1,13 +1,35 @@
-// The maskattn subcommands. Each returns the process exit code and throws maskattn::Error for
-// invalid input (main() prints it as one line on stderr).
+// The maskattn subcommands. Each registers itself with the parser (add_*_command, in its own
+// *_command.cc); run_* returns the process exit code and throws maskattn::Error for invalid input
+// (main() prints it as one line on stderr).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace maskattn::cli {
+
+// A subcommand registered with the parser, and how to run it with what was parsed.
+struct Command {
+  CLI::App* subcommand;
+  std::function<int()> run;
+};
+
+// In the order `maskattn --help` lists them.
+Command add_attend_command(CLI::App& app);
+Command add_grad_command(CLI::App& app);
+Command add_gradcheck_command(CLI::App& app);
+Command add_example_command(CLI::App& app);
+Command add_mask_command(CLI::App& app);
+Command add_audit_command(CLI::App& app);
+Command add_mha_command(CLI::App& app);
+Command add_demo_command(CLI::App& app);
 
 struct AttendArgs {
   std::string q, k, v, out;

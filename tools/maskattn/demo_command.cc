@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "command_options.h"
 #include "commands.h"
 #include "maskattn/attention.h"
 #include "maskattn/heatmap.h"
@@ -176,28 +178,23 @@ std::vector<float> generate(const MultiHeadAttention& layer, const TokenBatch& p
   return y;
 }
 
-// Part 3: a GQA layer over the left- and right-padded batches, then generation with a KV cache.
-bool run_layer_and_cache(const Vocabulary& vocabulary,
-                         const std::vector<std::vector<int64_t>>& sequences) {
-  const MultiHeadAttention layer = MultiHeadAttention::random(kModel, 4, 2, 2026);
-  fmt::print(
-      "A multi-head attention layer: E={}, {} query heads sharing {} kv heads (GQA), head dim {},\n"
-      "W_q, W_k, W_v, W_o with biases (seeded like nn.Linear). Inputs are [B, L, E] token "
-      "embeddings.\n\n",
-      kModel, layer.heads(), layer.kv_heads(), layer.head_dim());
-  const TokenBatch right = collate(sequences, PadSide::right);
-  const TokenBatch left = collate(sequences, PadSide::left);
+// The layer over a batch of token embeddings (Q = K = V), with the batch's decoder mask.
+std::vector<float> layer_forward(const MultiHeadAttention& layer, const TokenBatch& batch) {
+  const std::vector<float> x = embed(batch.ids, kModel);
+  const int64_t batch_size = batch.ids.dim(0), width = batch.ids.dim(1);
+  std::vector<float> y(x.size());
+  const TensorView view(x.data(), {batch_size, width, kModel});
+  layer.forward(view, view, view, MutableTensorView(y.data(), {batch_size, width, kModel}),
+                batch.decoder_self_attention());
+  return y;
+}
+
+// The real tokens' outputs of the right- and left-padded batches must agree.
+void compare_pad_sides(const MultiHeadAttention& layer, const TokenBatch& right,
+                       const TokenBatch& left) {
   const int64_t batch_size = right.ids.dim(0), length = right.ids.dim(1);
-  const auto forward = [&](const TokenBatch& batch) {
-    const std::vector<float> x = embed(batch.ids, kModel);
-    const int64_t width = batch.ids.dim(1);
-    std::vector<float> y(x.size());
-    const TensorView view(x.data(), {batch_size, width, kModel});
-    layer.forward(view, view, view, MutableTensorView(y.data(), {batch_size, width, kModel}),
-                  batch.decoder_self_attention());
-    return y;
-  };
-  const std::vector<float> y_right = forward(right), y_left = forward(left);
+  const std::vector<float> y_right = layer_forward(layer, right);
+  const std::vector<float> y_left = layer_forward(layer, left);
   double side_diff = 0.0;
   for (int64_t b = 0; b < batch_size; ++b) {
     side_diff = std::max(side_diff,
@@ -207,18 +204,15 @@ bool run_layer_and_cache(const Vocabulary& vocabulary,
   }
   fmt::print("Layer output of the real tokens, right- vs left-padded batch: max |diff| = {:g}\n\n",
              side_diff);
+}
 
-  fmt::print(
-      "Generation with a KV cache [B={}, Hkv={}, capacity={}, D={}]: the left-padded prompts are\n"
-      "prefilled in one chunk, then {} tokens are generated one step at a time; each step's query\n"
-      "is aligned bottom-right with the cached keys, and cache.set_starts() hides the <pad> "
-      "columns.\n",
-      batch_size, layer.kv_heads(), length + kGenerated, layer.head_dim(), kGenerated);
-  std::vector<std::vector<int64_t>> extended = sequences;
-  const std::vector<float> cached = generate(layer, left, vocabulary, DType::f32, extended);
-  // The full forward over prompts + generated tokens, left padded the same way.
-  const TokenBatch full_batch = collate(extended, PadSide::left);
-  const std::vector<float> full = forward(full_batch);
+// Prints the max difference of the cached outputs to the full forward's, for the prefill and each
+// generated step; true if all are within kCacheTolerance.
+bool compare_cache_to_full(const std::vector<float>& cached, const std::vector<float>& full,
+                           const Vocabulary& vocabulary,
+                           const std::vector<std::vector<int64_t>>& sequences,
+                           const std::vector<std::vector<int64_t>>& extended, int64_t length) {
+  const int64_t batch_size = static_cast<int64_t>(sequences.size());
   const int64_t total = length + kGenerated;
   double prefill_diff = 0.0;
   std::vector<double> step_diff(kGenerated, 0.0);
@@ -243,11 +237,20 @@ bool run_layer_and_cache(const Vocabulary& vocabulary,
                step_diff[s]);
     ok = ok && step_diff[s] <= kCacheTolerance;
   }
+  return ok;
+}
 
-  // The same generation for each prompt alone: batching and left padding change nothing.
+// The same generation for each prompt alone: batching and left padding change nothing. True if
+// the tokens are the same and the outputs within kCacheTolerance.
+bool compare_alone_to_batched(const MultiHeadAttention& layer, const Vocabulary& vocabulary,
+                              const std::vector<std::vector<int64_t>>& sequences,
+                              const TokenBatch& left,
+                              const std::vector<std::vector<int64_t>>& extended,
+                              const std::vector<float>& cached) {
+  const int64_t total = left.ids.dim(1) + kGenerated;
   double alone_diff = 0.0;
   bool same_tokens = true;
-  for (int64_t b = 0; b < batch_size; ++b) {
+  for (int64_t b = 0; b < left.ids.dim(0); ++b) {
     std::vector<std::vector<int64_t>> one = {sequences[b]};
     const TokenBatch prompt = collate(one, PadSide::left);
     const std::vector<float> y = generate(layer, prompt, vocabulary, DType::f32, one);
@@ -259,14 +262,41 @@ bool run_layer_and_cache(const Vocabulary& vocabulary,
   }
   fmt::print("  each prompt generated alone: {} tokens, max |alone - batched| = {:.3g}\n",
              same_tokens ? "the same" : "DIFFERENT", alone_diff);
-  ok = ok && same_tokens && alone_diff <= kCacheTolerance;
+  return same_tokens && alone_diff <= kCacheTolerance;
+}
+
+// Part 3: a GQA layer over the left- and right-padded batches, then generation with a KV cache.
+bool run_layer_and_cache(const Vocabulary& vocabulary,
+                         const std::vector<std::vector<int64_t>>& sequences) {
+  const MultiHeadAttention layer = MultiHeadAttention::random(kModel, 4, 2, 2026);
+  fmt::print(
+      "A multi-head attention layer: E={}, {} query heads sharing {} kv heads (GQA), head dim {},\n"
+      "W_q, W_k, W_v, W_o with biases (seeded like nn.Linear). Inputs are [B, L, E] token "
+      "embeddings.\n\n",
+      kModel, layer.heads(), layer.kv_heads(), layer.head_dim());
+  const TokenBatch left = collate(sequences, PadSide::left);
+  compare_pad_sides(layer, collate(sequences, PadSide::right), left);
+  const int64_t batch_size = left.ids.dim(0), length = left.ids.dim(1);
+
+  fmt::print(
+      "Generation with a KV cache [B={}, Hkv={}, capacity={}, D={}]: the left-padded prompts are\n"
+      "prefilled in one chunk, then {} tokens are generated one step at a time; each step's query\n"
+      "is aligned bottom-right with the cached keys, and cache.set_starts() hides the <pad> "
+      "columns.\n",
+      batch_size, layer.kv_heads(), length + kGenerated, layer.head_dim(), kGenerated);
+  std::vector<std::vector<int64_t>> extended = sequences;
+  const std::vector<float> cached = generate(layer, left, vocabulary, DType::f32, extended);
+  // The full forward over prompts + generated tokens, left padded the same way.
+  const std::vector<float> full = layer_forward(layer, collate(extended, PadSide::left));
+  bool ok = compare_cache_to_full(cached, full, vocabulary, sequences, extended, length);
+  ok = compare_alone_to_batched(layer, vocabulary, sequences, left, extended, cached) && ok;
 
   std::vector<std::vector<int64_t>> bf16_ids = sequences;
   const std::vector<float> bf16 = generate(layer, left, vocabulary, DType::bf16, bf16_ids);
   fmt::print(
       "  with a bf16 cache: max |bf16 cached - f32 full forward| = {:.3g} (bf16 keeps 8 "
       "significant bits)\n",
-      max_abs_difference(bf16.data(), full.data(), batch_size * total * kModel));
+      max_abs_difference(bf16.data(), full.data(), batch_size * (length + kGenerated) * kModel));
   fmt::print("\n{}\n", ok ? fmt::format("KV-cache decoding matches the full forward (max diff "
                                         "<= {:g}) and each prompt run alone.",
                                         kCacheTolerance)
@@ -358,6 +388,15 @@ int run_demo(const std::string& heatmap_directory) {
   const bool cache_ok = run_layer_and_cache(vocabulary, prompts);
   if (!heatmap_directory.empty()) write_demo_heatmaps(heatmap_directory, vocabulary, right);
   return batch_ok && cache_ok ? 0 : 1;
+}
+
+Command add_demo_command(CLI::App& app) {
+  auto heatmaps = std::make_shared<std::string>("maskattn-demo");
+  CLI::App* command = app.add_subcommand(
+      "demo", "the tour: worked example, padded batch, masks as grids, heatmap files");
+  command->add_option("--heatmaps", *heatmaps,
+                      "directory for the heatmap files (default maskattn-demo; '' = none)");
+  return {command, [heatmaps] { return run_demo(*heatmaps); }};
 }
 
 }  // namespace maskattn::cli

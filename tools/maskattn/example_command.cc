@@ -1,5 +1,5 @@
-// maskattn example: the worked example of seed 001 ("I love dog"), every step printed.
-// Seed: d = 4, W_Q = W_K = W_V = I, so Q = K = V = X; causal mask; expected (3 decimals)
+// maskattn example: the "I love dog" worked example, every step printed.
+// d = 4, W_Q = W_K = W_V = I, so Q = K = V = X; causal mask; expected (3 decimals)
 //   weights [[1,0,0],[0.269,0.731,0],[0.274,0.274,0.452]]
 //   output  [[1,0,1,0],[0.269,0.731,0.269,0.731],[0.726,0.726,0.274,0.274]]
 #include <fmt/core.h>
@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "command_options.h"
 #include "commands.h"
 #include "maskattn/attention.h"
 #include "print.h"
@@ -23,7 +24,7 @@ std::vector<double> widen(const std::vector<float>& values) {
 
 int run_example() {
   constexpr int64_t kTokens = 3, kDim = 4;
-  // Embeddings of "I", "love", "dog" (seed 001 §2.1).
+  // Embeddings of "I", "love", "dog".
   const std::vector<float> x = {1, 0, 1, 0,             //
                                 0, 1, 0, 1,             //
                                 1, 1, 0, 0};            //
@@ -43,7 +44,7 @@ int run_example() {
   for (int64_t n = 0; n < allowed.numel(); ++n) additive[n] = allowed.values()[n] ? 0 : -INFINITY;
 
   fmt::print(
-      "Masked self-attention, step by step: the worked example of seed 001 (\"I love dog\").\n"
+      "Masked self-attention, step by step: the 'I love dog' worked example.\n"
       "Tokens: 0 \"I\", 1 \"love\", 2 \"dog\"; d_k = 4; W_Q = W_K = W_V = identity, so "
       "Q = K = V = X.\n\n");
   print_matrix("X (token embeddings, one row per token)", widen(x), kTokens, kDim, 1);
@@ -62,6 +63,11 @@ int run_example() {
   fmt::print(
       "\n\"I\" sees only itself; \"love\" mixes \"I\" and \"love\"; \"dog\" mixes all three.\n");
   return 0;
+}
+
+Command add_example_command(CLI::App& app) {
+  return {app.add_subcommand("example", "the 'I love dog' worked example, step by step"),
+          [] { return run_example(); }};
 }
 
 }  // namespace maskattn::cli

@@ -3,15 +3,18 @@
 // fixed contract (docs/cli.md): scripts depend on them.
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "command_options.h"
 #include "commands.h"
 #include "maskattn/attention.h"
 #include "maskattn/error.h"
 #include "maskattn/gradcheck.h"
 #include "maskattn/mask_spec.h"
 #include "npy_tensors.h"
+#include "output_files.h"
 
 namespace maskattn::cli {
 
@@ -26,35 +29,27 @@ int run_grad(const GradArgs& args) {
   const MaskSpecs parsed = parse_mask_specs(args.masks, q.file_rank == 3);
   const Options options = call_options(args.scale, args.threads, args.kernel);
 
-  const TensorBuffer q_buffer = TensorBuffer::from_floats(q.values, q.shape, dtype);
-  const TensorBuffer k_buffer = TensorBuffer::from_floats(k.values, k.shape, dtype);
-  const TensorBuffer v_buffer = TensorBuffer::from_floats(v.values, v.shape, dtype);
-  const TensorBuffer dout_buffer = TensorBuffer::from_floats(dout.values, dout.shape, dtype);
-  // Shapes are checked by the library; these only size the buffers.
+  const ComputeInput q_in(q, dtype), k_in(k, dtype), v_in(v, dtype), dout_in(dout, dtype);
+  // The backward needs the forward's O and LSE: computed here, not read from files. Shapes are
+  // checked by the library; these only size the buffers.
   TensorBuffer out(dtype, {q.shape[0], q.shape[1], q.shape[2], v.shape[3]});
   TensorBuffer lse(DType::f32, {q.shape[0], q.shape[1], q.shape[2]});
-  TensorBuffer dq(dtype, q.shape), dk(dtype, k.shape), dv(dtype, v.shape);
-
-  const std::string input_files = " (" + q.flag + " " + shape_string(q.file_shape) + ", " + k.flag +
-                                  " " + shape_string(k.file_shape) + ", " + v.flag + " " +
-                                  shape_string(v.file_shape) + ", " + dout.flag + " " +
-                                  shape_string(dout.file_shape) + ")";
-  try {
-    // The backward needs the forward's O and LSE: computed here, not read from files.
-    attention(q_buffer.view(), k_buffer.view(), v_buffer.view(), out.mutable_view(), parsed.mask,
-              parsed.mods, options, lse.mutable_view());
-    attention_backward(q_buffer.view(), k_buffer.view(), v_buffer.view(), out.view(), lse.view(),
-                       dout_buffer.view(),
-                       {dq.mutable_view(), dk.mutable_view(), dv.mutable_view(), {}, {}},
-                       parsed.mask, parsed.mods, options);
-  } catch (const Error& error) {
-    throw Error(error.what() + input_files);
-  }
-
   OutputFiles files;
-  files.add("--dq", args.dq, result_array(dq.to_floats(), q.file_shape, q, dtype));
-  files.add("--dk", args.dk, result_array(dk.to_floats(), k.file_shape, k, dtype));
-  files.add("--dv", args.dv, result_array(dv.to_floats(), v.file_shape, v, dtype));
+  const auto gradient = [&](const char* flag, const std::string& path, const InputTensor& like) {
+    return files.add(flag, path, result_type(like, dtype), like.file_shape, dtype, like.shape);
+  };
+  const MutableTensorView dq = gradient("--dq", args.dq, q);
+  const MutableTensorView dk = gradient("--dk", args.dk, k);
+  const MutableTensorView dv = gradient("--dv", args.dv, v);
+
+  try {
+    attention(q_in.view(), k_in.view(), v_in.view(), out.mutable_view(), parsed.mask, parsed.mods,
+              options, lse.mutable_view());
+    attention_backward(q_in.view(), k_in.view(), v_in.view(), out.view(), lse.view(),
+                       dout_in.view(), {dq, dk, dv, {}, {}}, parsed.mask, parsed.mods, options);
+  } catch (const Error& error) {
+    throw Error(error.what() + input_files({&q, &k, &v, &dout}));
+  }
   files.commit();
   return 0;
 }
@@ -123,6 +118,41 @@ int run_gradcheck(const GradcheckArgs& args) {
     }
   }
   return 1;
+}
+
+Command add_grad_command(CLI::App& app) {
+  auto args = std::make_shared<GradArgs>();
+  CLI::App* command = app.add_subcommand(
+      "grad", "dQ, dK, dV of attention for .npy inputs and dO (forward recomputed)");
+  command->add_option("--q", args->q, "queries .npy (float32/float16)")->required();
+  command->add_option("--k", args->k, "keys .npy")->required();
+  command->add_option("--v", args->v, "values .npy")->required();
+  command->add_option("--dout", args->dout, "dL/dO .npy, the output's shape")->required();
+  command->add_option("--dq", args->dq, "dL/dQ output .npy (q's layout and dtype)")->required();
+  command->add_option("--dk", args->dk, "dL/dK output .npy")->required();
+  command->add_option("--dv", args->dv, "dL/dV output .npy")->required();
+  add_compute_options(command, *args);
+  command->footer(mask_spec_help());
+  return {command, [args] { return run_grad(*args); }};
+}
+
+Command add_gradcheck_command(CLI::App& app) {
+  auto args = std::make_shared<GradcheckArgs>();
+  CLI::App* command = app.add_subcommand(
+      "gradcheck", "check the backward against finite differences on random inputs");
+  add_mask_option(command, args->masks, "mask or modifier SPEC; repeat to combine");
+  command->add_option("--lq", args->q_len, "queries (default 8)");
+  command->add_option("--lk", args->k_len, "keys (default 8)");
+  command->add_option("--d", args->dim, "query/key head dim (default 4)");
+  command->add_option("--dv", args->value_dim, "value head dim (default 4)");
+  add_random_input_options(command, *args, "2");
+  command->add_option("--scale", args->scale, "score scale (default 1/sqrt(D))");
+  add_threads_option(command, args->threads);
+  command->add_option("--step", args->step, "finite-difference step (default 1e-3)");
+  command->add_option("--tolerance", args->tolerance,
+                      "max relative error (default f32 1e-4, f16 1e-2, bf16 5e-2)");
+  command->footer(mask_spec_help());
+  return {command, [args] { return run_gradcheck(*args); }};
 }
 
 }  // namespace maskattn::cli

@@ -3,8 +3,10 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <memory>
 #include <variant>
 
+#include "command_options.h"
 #include "commands.h"
 #include "heatmap_files.h"
 #include "maskattn/attention.h"
@@ -123,6 +125,23 @@ int run_mask(const MaskArgs& args) {
     }
   }
   return 0;
+}
+
+Command add_mask_command(CLI::App& app) {
+  auto args = std::make_shared<MaskArgs>();
+  CLI::App* command =
+      app.add_subcommand("mask", "draw a mask as an allowed/hidden grid in the terminal");
+  command->add_option("specs", args->specs, "mask SPECs")->required();
+  command->add_option("--lq", args->q_len, "number of queries")->required();
+  command->add_option("--lk", args->k_len, "number of keys")->required();
+  command->add_option("--batch", args->batch, "which sequence of the batch (default 0)");
+  command->add_option("--head", args->head, "which query head (default 0)");
+  command->add_option("--png", args->png, "also draw every head of --batch as a PNG heatmap");
+  command->add_option("--svg", args->svg, "also draw every head of --batch as an SVG heatmap");
+  command->add_option("--tokens", args->tokens,
+                      "heatmap labels: a text file of whitespace-separated tokens, one per key");
+  command->footer(mask_spec_help());
+  return {command, [args] { return run_mask(*args); }};
 }
 
 }  // namespace maskattn::cli

@@ -1,14 +1,19 @@
 // maskattn mha: a multi-head attention layer (weights from a directory of PyTorch-named .npy
 // files) over [B, L, E] inputs. The flags are a fixed contract (docs/cli.md).
+#include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <variant>
 #include <vector>
 
+#include "command_options.h"
 #include "commands.h"
 #include "maskattn/error.h"
+#include "maskattn/mask_spec.h"
 #include "maskattn/multihead.h"
 #include "npy_tensors.h"
+#include "output_files.h"
 
 namespace maskattn::cli {
 
@@ -113,8 +118,44 @@ IncrementalSpecs incremental_specs(const std::vector<std::string>& masks, int64_
   return result;
 }
 
-TensorView tokens_view(const InputTensor& x) {
-  return TensorView(x.values.data(), {x.shape[0], x.shape[2], x.shape[3]});
+// A layer input as the f32 [B, L, E] tokens the layer takes (in place for float32 files).
+struct Tokens {
+  ComputeInput values;
+  Dims shape;
+  explicit Tokens(const InputTensor& x)
+      : values(x, DType::f32), shape{x.shape[0], x.shape[2], x.shape[3]} {}
+  const float* data() const { return static_cast<const float*>(values.view().data()); }
+  TensorView view() const { return TensorView(data(), shape); }
+};
+
+// --incremental: one query at a time. Each step appends its key and value to the cache and
+// attends over everything cached so far (causal, bottom-right); the outputs are concatenated.
+void decode_incrementally(const MultiHeadAttention& layer, const Tokens& query, const MhaArgs& args,
+                          const LayerOptions& options, const MutableTensorView& out) {
+  const int64_t batch = query.shape[0], length = query.shape[1];
+  const IncrementalSpecs steps = incremental_specs(args.masks, batch, length);
+  KVCache cache = layer.make_cache(batch, length, options.dtype);
+  if (!steps.starts.empty()) cache.set_starts(steps.starts);
+  const int64_t width = query.shape[2], embed = layer.embed_dim();
+  for (int64_t t = 0; t < length; ++t) {
+    const TensorView step(query.data() + t * width, {batch, 1, width}, {length * width, width, 1});
+    const MutableTensorView step_out(static_cast<float*>(out.mutable_data()) + t * embed,
+                                     {batch, 1, embed}, {length * embed, embed, 1});
+    Mask mask = steps.specs.mask;
+    if (!steps.query_keep.empty()) {
+      std::vector<int64_t> column(batch);
+      for (int64_t b = 0; b < batch; ++b) column[b] = steps.query_keep[b * length + t];
+      mask = mask & Mask().query_keep(Array<int64_t>({batch, 1}, std::move(column)));
+    }
+    try {
+      layer.forward_cached(step, cache, step_out, mask, steps.specs.mods, options);
+    } catch (const Error& error) {
+      throw Error(
+          std::string(error.what()) + " (--incremental step " + std::to_string(t) +
+          ": 1 query over " + std::to_string(t + 1) +
+          " cached keys; a --mask file sized by the query or key count cannot follow the steps)");
+    }
+  }
 }
 
 }  // namespace
@@ -141,46 +182,55 @@ int run_mha(const MhaArgs& args) {
 
   const int64_t batch = query.shape[0], length = query.shape[2];
   const Dims out_shape = {batch, 1, length, layer.embed_dim()};
-  TensorBuffer out(DType::f32, out_shape);
-  const MutableTensorView out_view(out.mutable_view().mutable_data(), DType::f32,
-                                   {batch, length, layer.embed_dim()});
-  if (!args.incremental) {
-    const MaskSpecs specs = parse_mask_specs(args.masks, false);
-    layer.forward(tokens_view(query), tokens_view(key), tokens_view(value), out_view, specs.mask,
-                  specs.mods, options);
-  } else {
-    // One query at a time: each step appends its key and value to the cache and attends over
-    // everything cached so far (causal, bottom-right), then the outputs are concatenated.
-    const IncrementalSpecs steps = incremental_specs(args.masks, batch, length);
-    KVCache cache = layer.make_cache(batch, length, dtype);
-    if (!steps.starts.empty()) cache.set_starts(steps.starts);
-    const int64_t width = query.shape[3], embed = layer.embed_dim();
-    for (int64_t t = 0; t < length; ++t) {
-      const TensorView step(query.values.data() + t * width, {batch, 1, width},
-                            {length * width, width, 1});
-      const MutableTensorView step_out(static_cast<float*>(out_view.mutable_data()) + t * embed,
-                                       {batch, 1, embed}, {length * embed, embed, 1});
-      Mask mask = steps.specs.mask;
-      if (!steps.query_keep.empty()) {
-        std::vector<int64_t> column(batch);
-        for (int64_t b = 0; b < batch; ++b) column[b] = steps.query_keep[b * length + t];
-        mask = mask & Mask().query_keep(Array<int64_t>({batch, 1}, std::move(column)));
-      }
-      try {
-        layer.forward_cached(step, cache, step_out, mask, steps.specs.mods, options);
-      } catch (const Error& error) {
-        throw Error(
-            std::string(error.what()) + " (--incremental step " + std::to_string(t) +
-            ": 1 query over " + std::to_string(t + 1) +
-            " cached keys; a --mask file sized by the query or key count cannot follow the steps)");
-      }
-    }
-  }
   OutputFiles files;
-  files.add("--out", args.out,
-            result_array(out.to_floats(), file_layout(query, out_shape), query, dtype));
+  const MutableTensorView out_4d = files.add("--out", args.out, result_type(query, dtype),
+                                             file_layout(query, out_shape), DType::f32, out_shape);
+  const MutableTensorView out(out_4d.mutable_data(), DType::f32,
+                              {batch, length, layer.embed_dim()});
+  const Tokens query_tokens(query);
+  if (args.incremental) {
+    decode_incrementally(layer, query_tokens, args, options, out);
+  } else {
+    const MaskSpecs specs = parse_mask_specs(args.masks, false);
+    std::optional<Tokens> key_tokens, value_tokens;  // cross-attention only
+    if (cross) key_tokens.emplace(key), value_tokens.emplace(value);
+    const Tokens& k = cross ? *key_tokens : query_tokens;
+    const Tokens& v = cross ? *value_tokens : query_tokens;
+    layer.forward(query_tokens.view(), k.view(), v.view(), out, specs.mask, specs.mods, options);
+  }
   files.commit();
   return 0;
+}
+
+Command add_mha_command(CLI::App& app) {
+  auto args = std::make_shared<MhaArgs>();
+  CLI::App* command = app.add_subcommand(
+      "mha", "a multi-head attention layer (PyTorch-named .npy weights) over [B,L,E] inputs");
+  command->add_option("--query", args->query, "queries .npy [B,L,E] (float32/float16)")->required();
+  command->add_option("--key", args->key, "keys .npy [B,Lk,Ek] (cross-attention; with --value)");
+  command->add_option("--value", args->value, "values .npy [B,Lk,Ev] (with --key)");
+  command
+      ->add_option("--weights", args->weights,
+                   "directory of in_proj_weight.npy (or q/k/v_proj_weight.npy), "
+                   "out_proj.weight.npy and optionally in_proj_bias.npy, out_proj.bias.npy")
+      ->required();
+  command->add_option("--heads", args->heads, "query heads")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  command->add_option("--kv-heads", args->kv_heads, "kv heads (default: --heads)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--out", args->out, "output .npy [B,L,E] (the query's dtype; f32 for bf16)")
+      ->required();
+  ComputeOptionHelp help;
+  help.scale = "score scale (default 1/sqrt(head dim))";
+  help.dtype = "compute (and cache) in this dtype";
+  add_compute_options(command, *args, help, [&] {
+    command->add_flag("--incremental", args->incremental,
+                      "feed the queries one at a time through a KV cache (causal) and write the "
+                      "concatenated outputs");
+  });
+  command->footer(mask_spec_help());
+  return {command, [args] { return run_mha(*args); }};
 }
 
 }  // namespace maskattn::cli

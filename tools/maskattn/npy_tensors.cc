@@ -1,12 +1,6 @@
 #include "npy_tensors.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
 
 #include "maskattn/error.h"
 #include "maskattn/mask_spec.h"
@@ -14,74 +8,67 @@
 
 namespace maskattn::cli {
 
-namespace {
-
-// Bytes of a [B,H,L,D] tensor, checked against the memory cap before anything is allocated.
-size_t buffer_bytes(const Dims& shape, DType dtype) {
+size_t checked_buffer_bytes(const Dims& shape, DType dtype) {
   const double bytes = static_cast<double>(checked_numel(shape, "tensor")) * dtype_size(dtype);
   require_memory(bytes, "a " + std::string(dtype_name(dtype)) + " tensor " + shape_string(shape));
   return static_cast<size_t>(bytes);
 }
 
-}  // namespace
-
 TensorBuffer::TensorBuffer(DType dtype, Dims shape)
-    : dtype_(dtype), shape_(std::move(shape)), bytes_(buffer_bytes(shape_, dtype)) {}
+    : dtype_(dtype), shape_(std::move(shape)), bytes_(checked_buffer_bytes(shape_, dtype)) {}
 
 TensorBuffer TensorBuffer::from_floats(const std::vector<float>& values, Dims shape, DType dtype) {
   TensorBuffer buffer(dtype, std::move(shape));
-  for (size_t n = 0; n < values.size(); ++n) {
-    switch (dtype) {
-      case DType::f32:
-        std::memcpy(&buffer.bytes_[n * 4], &values[n], 4);
-        break;
-      case DType::f16: {
-        const float16 x = float16_from_float(values[n]);
-        std::memcpy(&buffer.bytes_[n * 2], &x.bits, 2);
-        break;
-      }
-      case DType::bf16: {
-        const bfloat16 x = bfloat16_from_float(values[n]);
-        std::memcpy(&buffer.bytes_[n * 2], &x.bits, 2);
-        break;
-      }
-    }
-  }
+  for (size_t n = 0; n < values.size(); ++n) buffer.set(n, values[n]);
   return buffer;
 }
 
-std::vector<float> TensorBuffer::to_floats() const {
-  const size_t count = bytes_.size() / dtype_size(dtype_);
-  std::vector<float> values(count);
-  for (size_t n = 0; n < count; ++n) {
-    uint16_t bits = 0;
-    switch (dtype_) {
-      case DType::f32:
-        std::memcpy(&values[n], &bytes_[n * 4], 4);
-        break;
-      case DType::f16:
-        std::memcpy(&bits, &bytes_[n * 2], 2);
-        values[n] = to_float(float16{bits});
-        break;
-      case DType::bf16:
-        std::memcpy(&bits, &bytes_[n * 2], 2);
-        values[n] = to_float(bfloat16{bits});
-        break;
+float TensorBuffer::get(size_t n) const {
+  if (dtype_ == DType::f32) {
+    float value;
+    std::memcpy(&value, &bytes_[n * 4], 4);
+    return value;
+  }
+  uint16_t bits = 0;
+  std::memcpy(&bits, &bytes_[n * 2], 2);
+  return dtype_ == DType::f16 ? to_float(float16{bits}) : to_float(bfloat16{bits});
+}
+
+void TensorBuffer::set(size_t n, float x) {
+  switch (dtype_) {
+    case DType::f32:
+      std::memcpy(&bytes_[n * 4], &x, 4);
+      break;
+    case DType::f16: {
+      const float16 half = float16_from_float(x);
+      std::memcpy(&bytes_[n * 2], &half.bits, 2);
+      break;
+    }
+    case DType::bf16: {
+      const bfloat16 brain = bfloat16_from_float(x);
+      std::memcpy(&bytes_[n * 2], &brain.bits, 2);
+      break;
     }
   }
+}
+
+std::vector<float> TensorBuffer::to_floats() const {
+  std::vector<float> values(size());
+  for (size_t n = 0; n < values.size(); ++n) values[n] = get(n);
   return values;
 }
 
 InputTensor load_input(const std::string& flag, const std::string& path) {
   InputTensor input;
   input.flag = flag + " " + path;
-  const NpyArray array = read_npy(path);
-  if (array.type() != NpyType::f4 && array.type() != NpyType::f2) {
-    throw Error(input.flag + " has dtype " + npy_type_name(array.type()) +
+  input.file = std::make_shared<const MappedNpy>(path);
+  const NpyType type = input.file->type();
+  if (type != NpyType::f4 && type != NpyType::f2) {
+    throw Error(input.flag + " has dtype " + npy_type_name(type) +
                 "; attention inputs are float32 or float16");
   }
-  const Dims& s = array.shape();
-  switch (array.rank()) {
+  const Dims& s = input.file->shape();
+  switch (s.size()) {
     case 2:
       input.shape = {1, 1, s[0], s[1]};
       break;
@@ -95,70 +82,42 @@ InputTensor load_input(const std::string& flag, const std::string& path) {
       throw Error(input.flag + " has shape " + shape_string(s) +
                   "; expected [L,D], [B,L,D] or [B,H,L,D]");
   }
-  input.file_type = array.type();
-  input.file_rank = array.rank();
+  input.file_type = type;
+  input.file_rank = static_cast<int>(s.size());
   input.file_shape = s;
-  input.values = array.to_float32(input.flag);
   return input;
 }
 
-void require_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
-  std::vector<std::filesystem::path> seen;
-  for (const auto& [flag, path] : outputs) {
-    std::error_code ignored;
-    seen.push_back(std::filesystem::weakly_canonical(path, ignored));
-    if (seen.back().empty()) seen.back() = std::filesystem::absolute(path, ignored);
-    for (size_t n = 0; n + 1 < seen.size(); ++n) {
-      if (seen[n] == seen.back()) {
-        throw Error(outputs[n].first + " and " + flag + " name the same file '" + path + "'");
-      }
-    }
+namespace {
+
+// Element n of float32 or float16 bytes, widened to f32.
+float file_value(const uint8_t* bytes, NpyType type, size_t n) {
+  if (type == NpyType::f4) {
+    float value;
+    std::memcpy(&value, bytes + 4 * n, 4);
+    return value;
   }
+  float16 half;
+  std::memcpy(&half.bits, bytes + 2 * n, 2);
+  return to_float(half);
 }
 
-void OutputFiles::add(const std::string& flag, const std::string& path, NpyArray array) {
-  pending_.push_back({flag, path, std::move(array)});
-}
+}  // namespace
 
-void OutputFiles::commit() {
-  std::vector<std::pair<std::string, std::string>> outputs;
-  for (const Pending& output : pending_) outputs.emplace_back(output.flag, output.path);
-  require_distinct_outputs(outputs);
-
-  std::vector<std::string> temporaries;
-  const auto remove_temporaries = [&] {
-    for (const std::string& temporary : temporaries) std::remove(temporary.c_str());
-  };
-  for (const Pending& output : pending_) {
-    // A unique name in the destination's directory, so that the final rename is atomic.
-    std::string temporary = output.path + ".tmp-XXXXXX";
-    const int fd = ::mkstemp(temporary.data());
-    if (fd < 0) {
-      const std::string reason = std::strerror(errno);
-      remove_temporaries();
-      throw Error("cannot write '" + output.path + "': " + reason);
-    }
-    // mkstemp creates the file 0600; give the output the permissions a plain create would.
-    const mode_t creation_mask = ::umask(0);
-    ::umask(creation_mask);
-    ::fchmod(fd, 0666 & ~creation_mask);
-    ::close(fd);
-    temporaries.push_back(temporary);
-    try {
-      write_npy(temporary, output.array);
-    } catch (const Error& error) {
-      remove_temporaries();
-      throw Error("cannot write '" + output.path + "': " + error.what());
-    }
+ComputeInput::ComputeInput(const InputTensor& input, DType dtype) {
+  const uint8_t* in_place = input.file->c_order_data();
+  const bool same_dtype = (input.file_type == NpyType::f4 && dtype == DType::f32) ||
+                          (input.file_type == NpyType::f2 && dtype == DType::f16);
+  if (same_dtype && in_place != nullptr) {
+    view_ = TensorView(in_place, dtype, input.shape);
+    return;
   }
-  for (size_t n = 0; n < pending_.size(); ++n) {
-    if (std::rename(temporaries[n].c_str(), pending_[n].path.c_str()) != 0) {
-      const std::string reason = std::strerror(errno);
-      for (size_t m = 0; m < n; ++m) std::remove(pending_[m].path.c_str());
-      remove_temporaries();
-      throw Error("cannot write '" + pending_[n].path + "': " + reason);
-    }
-  }
+  std::optional<NpyArray> c_order;  // a Fortran-order or unaligned file, copied
+  if (in_place == nullptr) in_place = c_order.emplace(input.file->to_array()).bytes().data();
+  copy_.emplace(dtype, input.shape);
+  for (size_t n = 0; n < copy_->size(); ++n)
+    copy_->set(n, file_value(in_place, input.file_type, n));
+  view_ = copy_->view();
 }
 
 DType choose_dtype(const std::string& requested, const std::vector<const InputTensor*>& inputs) {
@@ -197,14 +156,16 @@ Dims file_layout(const InputTensor& like, const Dims& shape) {
   }
 }
 
-NpyArray result_array(const std::vector<float>& values, const Dims& file_shape,
-                      const InputTensor& like, DType computed) {
-  if (like.file_type == NpyType::f2 && computed != DType::bf16) {
-    std::vector<float16> halves(values.size());
-    for (size_t n = 0; n < halves.size(); ++n) halves[n] = float16_from_float(values[n]);
-    return NpyArray::from_float16(halves, file_shape);
+std::string input_files(const std::vector<const InputTensor*>& inputs) {
+  std::string text;
+  for (const InputTensor* input : inputs) {
+    text += (text.empty() ? " (" : ", ") + input->flag + " " + shape_string(input->file_shape);
   }
-  return NpyArray::from_floats(values, file_shape);
+  return text + ")";
+}
+
+NpyType result_type(const InputTensor& like, DType computed) {
+  return like.file_type == NpyType::f2 && computed != DType::bf16 ? NpyType::f2 : NpyType::f4;
 }
 
 void require_same_layout(const std::vector<const InputTensor*>& inputs, const std::string& names) {

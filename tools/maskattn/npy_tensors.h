@@ -1,8 +1,9 @@
-// Attention tensors on disk: loading Q/K/V from .npy into [B,H,L,D] buffers of a chosen dtype,
-// and writing results so that either every output file appears or none does.
+// Attention tensors on disk: Q/K/V from memory-mapped .npy files as [B,H,L,D] views of the
+// compute dtype, converted only when the file holds another dtype (outputs: output_files.h).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +15,9 @@
 
 namespace maskattn::cli {
 
+// Bytes of a tensor of `shape` and `dtype`; throws Error (E83) when more than the memory cap.
+size_t checked_buffer_bytes(const Dims& shape, DType dtype);
+
 // A contiguous [B, H, L, D] tensor owned by the CLI.
 class TensorBuffer {
  public:
@@ -23,8 +27,11 @@ class TensorBuffer {
 
   DType dtype() const { return dtype_; }
   const Dims& shape() const { return shape_; }
+  size_t size() const { return bytes_.size() / dtype_size(dtype_); }  // elements
   TensorView view() const { return TensorView(bytes_.data(), dtype_, shape_); }
   MutableTensorView mutable_view() { return MutableTensorView(bytes_.data(), dtype_, shape_); }
+  float get(size_t n) const;    // element n (flat, C order) widened to f32
+  void set(size_t n, float x);  // rounded to nearest even in the buffer's dtype
   std::vector<float> to_floats() const;
 
  private:
@@ -33,16 +40,33 @@ class TensorBuffer {
   std::vector<uint8_t> bytes_;
 };
 
-// One of --q/--k/--v: float32 or float16, [L,D], [B,L,D] or [B,H,L,D].
+// One of --q/--k/--v (or --dout, --query, ...): float32 or float16, [L,D], [B,L,D] or [B,H,L,D].
+// The file is memory-mapped, not read: ComputeInput uses its bytes in place when it can.
 struct InputTensor {
   std::string flag;  // "--q q.npy", for messages
   NpyType file_type = NpyType::f4;
   int file_rank = 4;
   Dims file_shape;  // as in the file
   Dims shape;       // as [B, H, L, D]
-  std::vector<float> values;
+  std::shared_ptr<const MappedNpy> file;
 };
 InputTensor load_input(const std::string& flag, const std::string& path);
+
+// An input as a [B,H,L,D] view in the compute dtype. When the file already holds that dtype in C
+// order (float32 for f32, float16 for f16) the view points into the file's mapping and nothing is
+// copied; otherwise (another dtype, Fortran order, unaligned data) the values are converted once
+// into an owned buffer, each rounded to nearest even.
+class ComputeInput {
+ public:
+  ComputeInput(const InputTensor& input, DType dtype);
+  ComputeInput(const ComputeInput&) = delete;  // the view may point into copy_
+  ComputeInput(ComputeInput&&) = default;      // a moved vector keeps its buffer
+  TensorView view() const { return view_; }
+
+ private:
+  std::optional<TensorBuffer> copy_;
+  TensorView view_;
+};
 
 // The compute dtype: `requested` ("f32", "f16", "bf16"), or "" for the files' own, which must
 // then agree (f16 files compute in f16, f32 files in f32).
@@ -70,28 +94,12 @@ Options call_options(const std::optional<double>& scale, int threads, const std:
 // A [B,H,L,W] result in the layout of the file `like` came from: [L,W], [B,L,W] or [B,H,L,W].
 Dims file_layout(const InputTensor& like, const Dims& shape);
 
-// A result as an .npy array in the dtype of the file `like` came from: float16 files get float16
-// (unless the run was bf16, which .npy cannot hold), everything else float32.
-NpyArray result_array(const std::vector<float>& values, const Dims& file_shape,
-                      const InputTensor& like, DType computed);
+// Library errors speak of the [B,H,L,D] views; this names the files they came from:
+// " (--q q.npy [1,3,4], --k k.npy [1,3,4], ...)".
+std::string input_files(const std::vector<const InputTensor*>& inputs);
 
-// Files are first written next to their destination under a temporary name, then renamed, so a
-// failure leaves no output behind.
-class OutputFiles {
- public:
-  // `flag` names the option in messages; two flags naming the same file are an error.
-  void add(const std::string& flag, const std::string& path, NpyArray array);
-  void commit();  // throws Error naming the path that failed; removes the temporaries it wrote
-
- private:
-  struct Pending {
-    std::string flag, path;
-    NpyArray array;
-  };
-  std::vector<Pending> pending_;
-};
-
-// Throws if two of the (flag, path) outputs are the same file.
-void require_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
+// The .npy type of a result computed in `computed` from the file `like` came from: float16 files
+// get float16 (unless the run was bf16, which .npy cannot hold), everything else float32.
+NpyType result_type(const InputTensor& like, DType computed);
 
 }  // namespace maskattn::cli

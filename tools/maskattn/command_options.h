@@ -1,0 +1,68 @@
+// Registering the commands' options with CLI11. The options several commands share are
+// registered here once, each with its one validator and help text, so that they cannot drift
+// apart. --help lists options in the order they are registered: that order is part of the
+// contract (docs/cli.md), hence the hooks below.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace maskattn::cli {
+
+inline CLI::Option* add_mask_option(CLI::App* command, std::vector<std::string>& masks,
+                                    const std::string& help) {
+  return command->add_option("--mask", masks, help)->take_all()->allow_extra_args(false);
+}
+
+inline CLI::Option* add_dtype_option(CLI::App* command, std::string& dtype,
+                                     const std::string& help) {
+  return command->add_option("--dtype", dtype, help)->check(CLI::IsMember({"f32", "f16", "bf16"}));
+}
+
+inline CLI::Option* add_threads_option(CLI::App* command, int& threads) {
+  return command->add_option("--threads", threads, "threads (default: all cores)")
+      ->check(CLI::Range(1, 1024));
+}
+
+inline CLI::Option* add_kernel_option(CLI::App* command, std::string& kernel) {
+  return command->add_option("--kernel", kernel, "auto|reference|fused")
+      ->check(CLI::IsMember({"auto", "reference", "fused"}));
+}
+
+// What the shared compute options say in --help where a command words them its own way.
+struct ComputeOptionHelp {
+  std::string scale = "score scale (default 1/sqrt(D))";
+  std::string dtype = "compute in this dtype";
+};
+
+// The options of the commands that compute attention from files (attend, grad, mha): --mask,
+// --scale, --dtype, --threads and --kernel. A command's own options that --help has always
+// listed among them are registered by `after_mask` (before --scale) and `after_scale`.
+template <typename Args>
+void add_compute_options(CLI::App* command, Args& args, const ComputeOptionHelp& help = {},
+                         const std::function<void()>& after_mask = {},
+                         const std::function<void()>& after_scale = {}) {
+  add_mask_option(command, args.masks, "mask or modifier SPEC; repeat to combine");
+  if (after_mask) after_mask();
+  command->add_option("--scale", args.scale, help.scale);
+  if (after_scale) after_scale();
+  add_dtype_option(command, args.dtype, help.dtype);
+  add_threads_option(command, args.threads);
+  add_kernel_option(command, args.kernel);
+}
+
+// The options of the commands that make their own random inputs (gradcheck, audit).
+template <typename Args>
+void add_random_input_options(CLI::App* command, Args& args, const std::string& default_heads) {
+  command->add_option("--batch", args.batch, "batch (default 1)");
+  command->add_option("--heads", args.heads, "query heads (default " + default_heads + ")");
+  command->add_option("--kv-heads", args.kv_heads, "kv heads (default: --heads)");
+  add_dtype_option(command, args.dtype, "f32|f16|bf16 (default f32)");
+  add_kernel_option(command, args.kernel);
+  command->add_option("--seed", args.seed, "random inputs' seed (default 1)");
+}
+
+}  // namespace maskattn::cli
