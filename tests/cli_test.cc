@@ -17,7 +17,7 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-TEST(CliExample, PrintsTheSeedWeightsAndOutput) {
+TEST(CliExample, PrintsThePublishedWeightsAndOutput) {
   const test::CliResult result = run_cli("example");
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const std::string& out = result.out;

@@ -222,16 +222,30 @@ TEST(FusedBitwise, OneAndTwoThreadsAgreeInEveryMode) {
 }
 
 TEST(FusedBitwise, SkippedTilesAreExact) {
-  // Same bits with block skipping forced off (every tile visited with the element mask), including
-  // leading empty rows inside a tile (bottom-right causal with Lq > Lk, left padding).
+  // Same bits with block skipping forced off (every tile visited with the element mask, and
+  // partial tiles never reduced to their active rows), including leading empty rows inside a tile
+  // (bottom-right causal with Lq > Lk, left padding).
   const std::vector<Problem> problems = {Problem(1, 2, 1, 200, 150, 32, 32, 5),
                                          Problem(1, 2, 2, 130, 260, 64, 16, 6)};
+  // Modifiers too: the chain runs on tiles reduced to their active rows (softcap, ALiBi, bias).
+  ScoreMods mods;
+  mods.softcap = 4.0;
+  const std::vector<float> slopes = {0.25f, 0.0625f};
+  mods.alibi_slopes = slopes;
+  std::vector<float> bias(200 * 150);
+  for (size_t n = 0; n < bias.size(); ++n) bias[n] = static_cast<float>(n % 7) * 0.1f;
   for (const Problem& p : problems) {
     for (const auto& [name, mask] : test::sweep_masks(p)) {
       const Result on = run_kernel(p, DType::f32, mask, {}, Kernel::fused, 0, true);
       const Result off = run_kernel(p, DType::f32, mask, {}, Kernel::fused, 0, false);
       EXPECT_EQ(on.out, off.out) << name;
       EXPECT_EQ(on.lse, off.lse) << name;
+      if (p.Lq != 200 || p.Lk != 150) continue;
+      mods.bias = Array<float>({200, 150}, bias);
+      const Result mods_on = run_kernel(p, DType::f32, mask, mods, Kernel::fused, 0, true);
+      const Result mods_off = run_kernel(p, DType::f32, mask, mods, Kernel::fused, 0, false);
+      EXPECT_EQ(mods_on.out, mods_off.out) << name << " with modifiers";
+      EXPECT_EQ(mods_on.lse, mods_off.lse) << name << " with modifiers";
     }
   }
 }

@@ -1,5 +1,6 @@
 // The fused kernels' block-skipping switch, for tests and fuzzers. Off, the kernels visit every
-// tile with the element mask (no block skipped, no mask-free tile): the results must be the same
+// tile with the element mask (no block skipped, no mask-free tile, no hidden lane block of a
+// partial tile skipped): the results must be the same
 // bits, only the time changes, which is what the tests check. It is a debugging aid, not a setting
 // a user tunes, so it is not a field of the public Options.
 #pragma once

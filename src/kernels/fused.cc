@@ -276,6 +276,7 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   context.bf16_dot = mode.bf16_dot;
   if (mode.bf16_dot) context.v_pairs = pair_values(p);
   context.score_mods = has_score_mods(p);
+  context.skip_hidden_rows = block_skipping;
   std::vector<uint8_t> v_finite;
   if (!mode.rows) {
     v_finite.resize(p.batch * p.kv_heads * blocks.k_tiles());

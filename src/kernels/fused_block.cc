@@ -226,7 +226,7 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
   if (kind == TileKind::partial) {
     c.tile_masks->build(blk.b, blk.h, blk.q_first, blk.q_count, j0, rows, scratch.allowed);
     allowed = scratch.allowed;
-    if (!c.bf16_dot) {
+    if (!c.bf16_dot && c.skip_hidden_rows) {
       active_rows = FindActiveRows(allowed, rows);
       if (4 * active_rows.rows <= 3 * kLaneBlocks * rows) active = &active_rows;
     }

@@ -55,6 +55,9 @@ struct Context {
   // value is 0 and the fast P·V product may run over hidden keys.
   const uint8_t* v_tile_finite = nullptr;
   bool score_mods = false;  // softcap, ALiBi, bias, score_fn, threshold or additive masks present
+  // Partial tiles may run on their active rows only (tile_products-inl.h). Off together with
+  // block skipping, so that tests compare the skipping kernel with the plain one bitwise.
+  bool skip_hidden_rows = true;
   // Q, K, V are bf16 with contiguous rows, D is even and the CPU has AVX512-BF16: the tile
   // kernel's two products use vdpbf16ps (bf16_dot.h), P is rounded to bf16 for the second.
   bool bf16_dot = false;
