@@ -1,5 +1,6 @@
 // Benchmark cases shared by attention_bench (Google Benchmark) and attention_run (bench/compare):
-// the shapes and masks of the benchmark targets (docs/benchmarks.md), with exact counts of allowed pairs.
+// the shapes and masks of the benchmark targets (docs/benchmarks.md), with exact counts of allowed
+// pairs.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
-// The leakage audit catches each of the common mask mistakes of attention tutorials (wrong triangle, keep/blocked
-// polarity, hidden diagonal, top-left causal in a KV-cache step, a 0/1 mask added as scores) and
-// passes correct masks, with the measured influence equal to the mask in both kernels.
+// The leakage audit catches each of the common mask mistakes of attention tutorials (wrong
+// triangle, keep/blocked polarity, hidden diagonal, top-left causal in a KV-cache step, a 0/1 mask
+// added as scores) and passes correct masks, with the measured influence equal to the mask in both
+// kernels.
 #include "test_util.h"
 
 namespace maskattn {

@@ -75,7 +75,7 @@ TEST(WorkedExample, PublishedWeightsAndOutput) {
   attention(q, q, q, MutableTensorView(out.data(), {1, 1, 3, 4}), Mask().causal());
   const std::vector<double> published_weights = {1, 0, 0, 0.269, 0.731, 0, 0.274, 0.274, 0.452};
   const std::vector<double> published_output = {1,     0,     1,     0,     0.269, 0.731,
-                                           0.269, 0.731, 0.726, 0.726, 0.274, 0.274};
+                                                0.269, 0.731, 0.726, 0.726, 0.274, 0.274};
   for (int n = 0; n < 9; ++n) EXPECT_NEAR(weights[n], published_weights[n], 5e-4) << n;
   for (int n = 0; n < 12; ++n) EXPECT_NEAR(out[n], published_output[n], 5e-4) << n;
   // Exactly: row 1 is softmax([0, 1]); row 2 is softmax([0.5, 0.5, 1]).
