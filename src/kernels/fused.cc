@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <vector>
 
 #include "core/element.h"
@@ -277,11 +278,10 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   if (mode.bf16_dot) context.v_pairs = pair_values(p);
   context.score_mods = has_score_mods(p);
   context.skip_hidden_rows = block_skipping;
-  std::vector<uint8_t> v_finite;
+  std::unique_ptr<std::atomic<uint8_t>[]> v_finite;
   if (!mode.rows) {
-    v_finite.resize(p.batch * p.kv_heads * blocks.k_tiles());
-    mark_finite_value_tiles(p, v_finite.data());
-    context.v_tile_finite = v_finite.data();
+    v_finite.reset(new std::atomic<uint8_t>[p.batch * p.kv_heads * blocks.k_tiles()]());
+    context.v_tile_finite = v_finite.get();
   }
 
   // ---- plan ----

@@ -56,17 +56,23 @@ using VF = hn::Vec<DF>;
 
 static_assert(kTileQ == kChainTileLanes && kTileQ == kProductLanes, "64-query tiles throughout");
 
-// The flags of kv head (b, g): one per key tile.
-void MarkFiniteValueTilesOf(const Problem& p, int64_t b, int64_t g, uint8_t* flags) {
+// Whether V's tile [j0, j0 + rows) of (b, g) holds only finite values (Context::v_tile_finite),
+// checked on the first visit; `buffer` holds a converted row when V is not f32.
+bool ValueTileFinite(const Context& c, int64_t b, int64_t g, int64_t k_tile, int64_t j0,
+                     int64_t rows, float* buffer) {
+  const Problem& p = *c.problem;
   const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
-  std::vector<float> buffer(p.value_dim);
-  for (int64_t t = 0; t < k_tiles; ++t) {
-    bool all_finite = true;
-    for (int64_t j = t * kTileK; j < std::min(p.k_len, (t + 1) * kTileK); ++j) {
-      all_finite &= AllFinite(RowAsF32(p.v, b, g, j, p.value_dim, buffer.data()), p.value_dim);
+  std::atomic<uint8_t>& flag = c.v_tile_finite[(b * p.kv_heads + g) * k_tiles + k_tile];
+  uint8_t known = flag.load(std::memory_order_relaxed);
+  if (known == 0) {
+    bool finite = true;
+    for (int64_t j = j0; j < j0 + rows; ++j) {
+      finite &= AllFinite(RowAsF32(p.v, b, g, j, p.value_dim, buffer), p.value_dim);
     }
-    flags[(b * p.kv_heads + g) * k_tiles + t] = all_finite;
+    known = finite ? 1 : 2;
+    flag.store(known, std::memory_order_relaxed);
   }
+  return known == 1;
 }
 
 // ---- tile kernel: mask, finalisation, the loop -------------------------------------------------
@@ -245,8 +251,7 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
     SoftmaxStepColumns<kTileQ>(scratch.s, rows, scratch.row_max, scratch.row_sum, scratch.alpha,
                                scratch.poisoned);
   }
-  const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
-  const bool finite = c.v_tile_finite[(blk.b * p.kv_heads + g) * k_tiles + k_tile];
+  const bool finite = ValueTileFinite(c, blk.b, g, k_tile, j0, rows, scratch.v);
   TileOutput(c, blk, g, j0, rows, finite, active, scratch);
 }
 
@@ -275,7 +280,6 @@ HWY_AFTER_NAMESPACE();
 namespace maskattn::detail::fused {
 
 HWY_EXPORT(AttendBlock);
-HWY_EXPORT(MarkFiniteValueTilesOf);
 HWY_EXPORT(ExpNonPositiveArray);
 
 void exp_non_positive(const float* in, int64_t count, float* out) {
@@ -298,16 +302,6 @@ void convert_to_f32(const TensorView& t, float* out, int threads, int64_t out_st
   }
 }
 HWY_EXPORT(StoreRow);
-
-void mark_finite_value_tiles(const Problem& p, uint8_t* flags) {
-  const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
-#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
-  for (int64_t b = 0; b < p.batch; ++b) {
-    for (int64_t g = 0; g < p.kv_heads; ++g) {
-      HWY_DYNAMIC_DISPATCH(MarkFiniteValueTilesOf)(p, b, g, flags);
-    }
-  }
-}
 
 void store_row(const MutableTensorView& t, int64_t offset, int64_t stride, const float* values,
                int64_t count) {

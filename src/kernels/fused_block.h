@@ -4,6 +4,7 @@
 // run time; see fused_block.cc (tile kernel) and fused_rows.cc (row kernel) for the designs.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -51,9 +52,12 @@ struct Context {
   const Problem* problem = nullptr;
   const BlockMap* blocks = nullptr;
   const TileMaskBuilder* tile_masks = nullptr;
-  // [B, Hkv, k_tiles]: 1 when the V tile holds only finite values, so that a weight of 0 times a
-  // value is 0 and the fast P·V product may run over hidden keys.
-  const uint8_t* v_tile_finite = nullptr;
+  // [B, Hkv, k_tiles], all 0 at the start: per V tile, 1 once known to hold only finite values
+  // (a weight of 0 times a value is then 0, and the fast P·V product may run over hidden keys),
+  // 2 once known not to. Filled on first use by whichever thread gets there: the answer is the
+  // tile's own, so it does not depend on which. A separate pass over all of V cost a band mask
+  // (a sliding window reads only its band) 5 % of its time.
+  std::atomic<uint8_t>* v_tile_finite = nullptr;
   bool score_mods = false;  // softcap, ALiBi, bias, score_fn, threshold or additive masks present
   // Partial tiles may run on their active rows only (tile_products-inl.h). Off together with
   // block skipping, so that tests compare the skipping kernel with the plain one bitwise.
@@ -77,10 +81,6 @@ struct Block {
 // floats apart (default W; a larger stride zero-fills each row's tail), on `threads` threads
 // (0 = all).
 void convert_to_f32(const TensorView& t, float* out, int threads, int64_t out_stride = -1);
-
-// Per (b, kv head, key tile) of V: 1 when every value in the tile is finite. `flags` holds
-// B·Hkv·⌈Lk/kTileK⌉ entries.
-void mark_finite_value_tiles(const Problem& problem, uint8_t* flags);
 
 // Writes `count` f32 values to a view of any dtype, `stride` elements apart, rounding to nearest
 // even (vectorised for contiguous rows).
