@@ -15,7 +15,9 @@
 // and each product measured ~255 GF/s on one core of the project machine (Zen 5, 2026-11-29).
 //
 // Masks: the block map says per tile empty (never visited), full (no mask work) or partial (bit
-// rows from TileMaskBuilder select −inf). Score modifiers run between the product and the mask.
+// rows from TileMaskBuilder select −inf). A partial tile whose allowed pairs leave 16-query lane
+// blocks empty on some keys runs on each block's active keys only (tile_products-inl.h). Score
+// modifiers run between the product and the mask.
 // The −inf guards are FlashAttention's: a column whose maximum is −inf uses 0 instead, so
 // (−inf) − (−inf) never happens, and a row that saw no key ends with l = 0 → O = 0, LSE = −inf.
 // NaN or +inf scores flag their row, which then ends as NaN (as the reference propagates them).
@@ -23,7 +25,8 @@
 // Few queries (decoding) waste lanes in this layout: the row kernel (fused_rows.cc) serves them.
 // The pieces the kernels share live beside them, one concept per file: convert-inl.h (element
 // conversions), score_chain-inl.h (the modifier chain), softmax-inl.h (the online softmax's
-// rules), simd-inl.h (the exp); kernels/README.md says how a kernel plugs into the driver.
+// rules), tile_products-inl.h (the two products), simd-inl.h (the exp); kernels/README.md says
+// how a kernel plugs into the driver.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/fused_block.cc"
