@@ -119,18 +119,44 @@ void ApplyMaskActive(const uint64_t* allowed, const ActiveRows& active, float* H
   }
 }
 
-// One online-softmax step over `rows` key rows: scores become weights exp(s − m'), and row_max,
-// out[i][e] = o[e][i] / l[i], or the fill EndOfRow gives (softmax-inl.h).
+#if HWY_TARGET != HWY_SCALAR
+// out[i][e] = o[e][i] / l[i] for a whole block, a vector of queries at a time, scattered into
+// the rows: o·(1/l), exactly the scalar path's rounding. Rows with l = 0 get a factor of 0
+// (Finalize fills them, and poisoned rows, afterwards).
+void NormaliseBlock(int64_t value_dim, const float* HWY_RESTRICT o,
+                    const float* HWY_RESTRICT row_sum, float* HWY_RESTRICT out) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t i = 0; i < kTileQ; i += N) {
+    const VF l = hn::LoadU(df, row_sum + i);
+    const VF inverse = hn::IfThenZeroElse(hn::Eq(l, hn::Zero(df)), hn::Div(hn::Set(df, 1.0f), l));
+    const auto rows = hn::Mul(hn::Iota(di, static_cast<int32_t>(i)),
+                              hn::Set(di, static_cast<int32_t>(value_dim)));
+    for (int64_t e = 0; e < value_dim; ++e) {
+      hn::ScatterIndex(hn::Mul(hn::LoadU(df, o + e * kTileQ + i), inverse), df, out + e, rows);
+    }
+  }
+}
+#endif
+
+// out[i][e] = o[e][i] / l[i], or the fill EndOfRow gives (softmax-inl.h); and the LSE.
 void Finalize(int64_t q_count, int64_t value_dim, const float* o, const float* row_max,
               const float* row_sum, const float* poisoned, float* out, float* lse) {
+#if HWY_TARGET != HWY_SCALAR
+  const bool whole_block = q_count == kTileQ;
+  if (whole_block) NormaliseBlock(value_dim, o, row_sum, out);
+#else
+  const bool whole_block = false;
+#endif
   for (int64_t i = 0; i < q_count; ++i) {
     const RowEnd end = EndOfRow(row_max[i], row_sum[i], poisoned[i]);
     float* row = out + i * value_dim;
-    if (end.normalise) {
+    if (!end.normalise) {
+      std::fill(row, row + value_dim, end.fill);
+    } else if (!whole_block) {
       const float inverse = 1.0f / row_sum[i];
       for (int64_t e = 0; e < value_dim; ++e) row[e] = o[e * kTileQ + i] * inverse;
-    } else {
-      std::fill(row, row + value_dim, end.fill);
     }
     lse[i] = end.lse;
   }
@@ -262,11 +288,11 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
 void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
   const Problem& p = *c.problem;
   const int64_t q_tile = blk.q_first / kTileQ;
+  const BlockMap::TileRange band = c.blocks->k_tile_range(blk.b, blk.h, q_tile);
+  const int64_t k_tile_end = std::min(band.end, (blk.k_end + kTileK - 1) / kTileK);
   PackQueries(c, blk, scratch);
   SoftmaxStart(p, blk.h, blk.with_sink, scratch.row_max, scratch.row_sum, scratch.poisoned, kTileQ);
   std::memset(scratch.o, 0, p.value_dim * kTileQ * sizeof(float));
-  const BlockMap::TileRange band = c.blocks->k_tile_range(blk.b, blk.h, q_tile);
-  const int64_t k_tile_end = std::min(band.end, (blk.k_end + kTileK - 1) / kTileK);
   for (int64_t k_tile = std::max(band.first, blk.k_first / kTileK); k_tile < k_tile_end; ++k_tile) {
     const TileKind kind = c.blocks->kind(blk.b, blk.h, q_tile, k_tile);
     if (kind != TileKind::empty) AttendTile(c, blk, k_tile, kind, scratch);
