@@ -2,13 +2,13 @@
 // merges split-key partials and writes the outputs in the caller's dtype and layout.
 //
 // Work items. With many queries an item is one (b, h, 64-query block) against all keys (tile
-// kernel). With few queries (decoding, Lq ≤ kRowModeQueries) an item is a batch of rows sharing a
-// kv head against one chunk of keys (row kernel); when there are too few (b, kv head) pairs to
-// keep the threads busy the keys are split into fixed chunks of kChunkKeys and the partial
-// (O, LSE) pairs merged afterwards. Every plan depends on the shapes only, never on the thread
-// count, and each item's arithmetic is fixed, so results are bitwise identical for any number of
-// threads. Items are handed out longest first (counted in non-empty tiles), which keeps a causal
-// mask's uneven rows balanced.
+// kernel), or a run of consecutive such blocks of one head when their key band is short. With few
+// queries (decoding, Lq ≤ kRowModeQueries) an item is a batch of rows sharing a kv head against one
+// chunk of keys (row kernel); when there are too few (b, kv head) pairs to keep the threads busy
+// the keys are split into fixed chunks of kChunkKeys and the partial (O, LSE) pairs merged
+// afterwards. Every plan depends on the shapes only, never on the thread count, and each item's
+// arithmetic is fixed, so results are bitwise identical for any number of threads. Items are handed
+// out longest first (counted in non-empty tiles), which keeps a causal mask's uneven rows balanced.
 #include "kernels/fused.h"
 
 #include <omp.h>
@@ -41,7 +41,8 @@ struct Forward;  // tag of this driver's reused() buffers
 
 struct Item {
   int64_t b = 0, h = 0;                   // tile mode: one head; row mode: any head of the kv group
-  int64_t q_first = 0, q_count = 0;       // tile mode
+  int64_t q_first = 0, q_count = 0;       // tile mode: the queries of the item's first block
+  int64_t q_blocks = 1;                   // tile mode: consecutive 64-query blocks
   int64_t rows_first = 0, row_count = 0;  // row mode: rows of the (b, g) row list
   int64_t g = 0, k_first = 0, k_end = 0;
   int64_t cost = 0;
@@ -119,17 +120,36 @@ bool has_score_mods(const Problem& p) {
 }
 
 // Tile mode: one item per (b, h, 64-query block) against all keys, costed in tiles visited.
+// Blocks whose key band is short (a sliding window, chunks) come in runs of consecutive blocks of
+// one head instead: each block then finds most of its K and V band, and the next block's queries,
+// already in this thread's caches, where one block alone would spend much of its time waiting for
+// memory (a window of 256 keys visits only 5 tiles per block). Grouping changes which thread
+// computes a block, never how: the results are the same bits.
+constexpr int64_t kShortBandTiles = 8;  // bands of at most this many tiles are grouped
+constexpr int64_t kMaxRunBlocks = 8;    // blocks per item at most
+
 void plan_tile_items(const Problem& p, const BlockMap& blocks, std::vector<Item>& items) {
+  // Keep at least 64 items, so that the threads still share the work evenly.
+  const int64_t run_limit =
+      std::clamp<int64_t>(p.batch * p.q_heads * blocks.q_tiles() / 64, 1, kMaxRunBlocks);
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.q_heads; ++h) {
       for (int64_t qt = 0; qt < blocks.q_tiles(); ++qt) {
+        const BlockMap::TileRange band = blocks.k_tile_range(b, h, qt);
+        const bool short_band = band.end - band.first <= kShortBandTiles;
+        Item* last = items.empty() ? nullptr : &items.back();
+        if (short_band && last != nullptr && last->b == b && last->h == h &&
+            last->q_blocks < run_limit && last->cost <= last->q_blocks * kShortBandTiles) {
+          last->q_blocks += 1;
+          last->cost += band.end - band.first;
+          continue;
+        }
         Item item;
         item.b = b;
         item.h = h;
         item.q_first = qt * kTileQ;
         item.q_count = std::min(kTileQ, p.q_len - item.q_first);
         item.k_end = p.k_len;
-        const BlockMap::TileRange band = blocks.k_tile_range(b, h, qt);
         item.cost = band.end - band.first;  // tiles visited, at most
         items.push_back(item);
       }
@@ -200,16 +220,19 @@ struct Partials {
 
 void run_tile_item(const Context& context, const Item& item, const RowWriter& write,
                    Scratch& scratch) {
-  Block block;
-  block.b = item.b;
-  block.h = item.h;
-  block.q_first = item.q_first;
-  block.q_count = item.q_count;
-  block.k_first = 0;
-  block.k_end = item.k_end;
-  attend_block(context, block, scratch);
-  for (int64_t i = 0; i < item.q_count; ++i) {
-    write(item.b, item.h, item.q_first + i, scratch.out + i * write.value_dim, scratch.lse[i]);
+  const Problem& p = *context.problem;
+  for (int64_t n = 0; n < item.q_blocks; ++n) {
+    Block block;
+    block.b = item.b;
+    block.h = item.h;
+    block.q_first = item.q_first + n * kTileQ;
+    block.q_count = std::min(kTileQ, p.q_len - block.q_first);
+    block.k_first = 0;
+    block.k_end = item.k_end;
+    attend_block(context, block, scratch);
+    for (int64_t i = 0; i < block.q_count; ++i) {
+      write(block.b, block.h, block.q_first + i, scratch.out + i * write.value_dim, scratch.lse[i]);
+    }
   }
 }
 
