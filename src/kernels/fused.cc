@@ -3,12 +3,13 @@
 //
 // Work items. With many queries an item is one (b, h, 64-query block) against all keys (tile
 // kernel), or a run of consecutive such blocks of one head when their key band is short. With few
-// queries (decoding, Lq ≤ kRowModeQueries) an item is a batch of rows sharing a kv head against one
-// chunk of keys (row kernel); when there are too few (b, kv head) pairs to keep the threads busy
-// the keys are split into fixed chunks of kChunkKeys and the partial (O, LSE) pairs merged
+// queries (decoding, Lq ≤ kRowModeQueries) an item is a batch of rows sharing a kv head against
+// one chunk of keys (row kernel); when there are too few (b, kv head) pairs to keep the threads
+// busy the keys are split into fixed chunks of kChunkKeys and the partial (O, LSE) pairs merged
 // afterwards. Every plan depends on the shapes only, never on the thread count, and each item's
-// arithmetic is fixed, so results are bitwise identical for any number of threads. Items are handed
-// out longest first (counted in non-empty tiles), which keeps a causal mask's uneven rows balanced.
+// arithmetic is fixed, so results are bitwise identical for any number of threads. Items are
+// handed out longest first (counted in non-empty tiles), which keeps a causal mask's uneven rows
+// balanced.
 #include "kernels/fused.h"
 
 #include <omp.h>
