@@ -32,6 +32,9 @@ namespace HWY_NAMESPACE {
 
 namespace hn = hwy::HWY_NAMESPACE;
 
+// This target's copy of the chain's order (see score_chain_steps.h for why it is a copy).
+#include "kernels/score_chain_steps.h"
+
 inline constexpr int64_t kChainTileLanes = 64;  // the tile's width: kTileQ and kBackwardTile
 
 // Where a tile sits and which of its pairs the per-pair steps may touch.
@@ -133,7 +136,10 @@ HWY_INLINE void ApplyScoreChainToTile(const ResolvedMods& mods, const ResolvedMa
     for (int64_t x0 = 0; x0 < kChainTileLanes; x0 += N) {
       chain.x0 = x0;
       float* at = s + r * kChainTileLanes + x0;
-      hn::StoreU(ApplyScoreChain(mods, tile.additive, chain, hn::LoadU(df, at)), df, at);
+      // Qualified: the scalar maskattn::detail::ApplyScoreChain must not be found through ADL.
+      const auto modified =
+          fused::HWY_NAMESPACE::ApplyScoreChain(mods, tile.additive, chain, hn::LoadU(df, at));
+      hn::StoreU(modified, df, at);
     }
   }
 }

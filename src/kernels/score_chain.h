@@ -6,8 +6,9 @@
 // own arithmetic: the f64 reference and the row (decode) kernel on one f64 score at a time
 // (ScalarScoreChain below), the forward and backward tile kernels on an f32 vector of scores
 // (TileScoreChain in score_chain-inl.h). An arithmetic is a type with one member per step;
-// ApplyScoreChain calls the steps that are present, in order. A new modifier is one line here
-// plus one member in each arithmetic, and the compiler names any arithmetic that lacks it.
+// ApplyScoreChain (score_chain_steps.h) calls the steps that are present, in order. A new modifier
+// is one line there plus one member in each arithmetic, and the compiler names any arithmetic
+// that lacks it.
 //
 // The chain runs on allowed pairs only as far as the user can tell: per-pair steps (bias,
 // additive, score_fn) are skipped for hidden pairs, whose scores the mask turns into −inf anyway,
@@ -22,18 +23,7 @@
 
 namespace maskattn::detail {
 
-template <class Arithmetic>
-inline typename Arithmetic::Score ApplyScoreChain(const ResolvedMods& mods, bool additive,
-                                                  Arithmetic& arithmetic,
-                                                  typename Arithmetic::Score s) {
-  if (mods.softcap) s = arithmetic.softcap(s);
-  if (mods.alibi_slopes != nullptr) s = arithmetic.alibi(s);
-  if (mods.bias != nullptr) s = arithmetic.bias(s);
-  if (additive) s = arithmetic.additive(s);
-  if (mods.score_fn != nullptr) s = arithmetic.score_fn(s);
-  if (mods.threshold) s = arithmetic.threshold(s);
-  return s;
-}
+#include "kernels/score_chain_steps.h"  // ApplyScoreChain, for scalar arithmetics
 
 // The chain on one pair (b, h, i, j) in f64: the reference's arithmetic, which the row kernel
 // shares (it computes few scores, so exactness costs it nothing measurable).
