@@ -362,16 +362,6 @@ std::vector<uint8_t> fortran_to_c_order(const uint8_t* data, const Dims& shape, 
   return out;
 }
 
-// numpy's bool is one byte holding 0 or 1; anything else means the file is not what it claims.
-void check_bools(const std::vector<uint8_t>& bytes, const std::string& name) {
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    if (bytes[i] > 1) {
-      throw Error(name + ": bool element " + std::to_string(i) + " has byte value " +
-                  std::to_string(bytes[i]) + "; expected 0 or 1");
-    }
-  }
-}
-
 }  // namespace
 
 namespace npy_detail {
@@ -435,8 +425,18 @@ NpyLayout parse_npy_layout(const uint8_t* data, size_t size, const std::string& 
   return layout;
 }
 
-NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& name) {
-  const NpyLayout layout = parse_npy_layout(data, size, name);
+namespace npy_detail {
+
+void check_bools(const uint8_t* bytes, size_t count, const std::string& name) {
+  for (size_t i = 0; i < count; ++i) {
+    if (bytes[i] > 1) {
+      throw Error(name + ": bool element " + std::to_string(i) + " has byte value " +
+                  std::to_string(bytes[i]) + "; expected 0 or 1");
+    }
+  }
+}
+
+NpyArray array_from_layout(const uint8_t* data, const NpyLayout& layout, const std::string& name) {
   const uint8_t* payload = data + layout.data_offset;
   const size_t element_size = npy_type_size(layout.type);
   std::vector<uint8_t> bytes =
@@ -444,8 +444,14 @@ NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& name) {
           ? fortran_to_c_order(payload, layout.shape,
                                static_cast<int64_t>(layout.data_size / element_size), element_size)
           : std::vector<uint8_t>(payload, payload + layout.data_size);
-  if (layout.type == NpyType::b1) check_bools(bytes, name);
+  if (layout.type == NpyType::b1) check_bools(bytes.data(), bytes.size(), name);
   return NpyArray(layout.type, layout.shape, std::move(bytes));
+}
+
+}  // namespace npy_detail
+
+NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& name) {
+  return npy_detail::array_from_layout(data, parse_npy_layout(data, size, name), name);
 }
 
 NpyArray read_npy(const std::string& path) {

@@ -17,4 +17,11 @@ int64_t checked_byte_size(NpyType type, const Dims& shape, const std::string& wh
 // "shape [2,3] of float32", for messages.
 std::string shape_and_type(const Dims& shape, NpyType type);
 
+// numpy's bool is one byte holding 0 or 1; anything else means the file is not what it claims.
+void check_bools(const uint8_t* bytes, size_t count, const std::string& name);
+
+// The array a parsed layout describes, from the file's bytes `data` (a C-order copy; Fortran order
+// transposed); bool bytes checked.
+NpyArray array_from_layout(const uint8_t* data, const NpyLayout& layout, const std::string& name);
+
 }  // namespace maskattn::npy_detail

@@ -13,6 +13,7 @@
 #include "maskattn/error.h"
 #include "maskattn/memory.h"
 #include "maskattn/npy.h"
+#include "npy_internal.h"
 
 namespace maskattn {
 namespace {
@@ -85,12 +86,7 @@ MappedNpy::MappedNpy(const std::string& path)
   // read_npy refuses bool bytes other than 0 and 1; so must the data handed out in place. (In
   // Fortran order there is none: to_array() checks the transposed copy, as read_npy does.)
   const uint8_t* bools = layout_.type == NpyType::b1 ? c_order_data() : nullptr;
-  for (size_t i = 0; bools != nullptr && i < layout_.data_size; ++i) {
-    if (bools[i] > 1) {
-      throw Error(path_ + ": bool element " + std::to_string(i) + " has byte value " +
-                  std::to_string(bools[i]) + "; expected 0 or 1");
-    }
-  }
+  if (bools != nullptr) npy_detail::check_bools(bools, layout_.data_size, path_);
 }
 
 const uint8_t* MappedNpy::c_order_data() const {
@@ -103,7 +99,7 @@ const uint8_t* MappedNpy::c_order_data() const {
 
 NpyArray MappedNpy::to_array() const {
   require_memory(static_cast<double>(layout_.data_size), "reading '" + path_ + "'");
-  return parse_npy(file_.data(), file_.size(), path_);
+  return npy_detail::array_from_layout(file_.data(), layout_, path_);
 }
 
 }  // namespace maskattn

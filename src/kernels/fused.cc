@@ -42,7 +42,7 @@ struct Forward;  // tag of this driver's reused() buffers
 
 struct Item {
   int64_t b = 0, h = 0;                   // tile mode: one head; row mode: any head of the kv group
-  int64_t q_first = 0, q_count = 0;       // tile mode: the queries of the item's first block
+  int64_t q_first = 0;                    // tile mode: the first query of the item's first block
   int64_t q_blocks = 1;                   // tile mode: consecutive 64-query blocks
   int64_t rows_first = 0, row_count = 0;  // row mode: rows of the (b, g) row list
   int64_t g = 0, k_first = 0, k_end = 0;
@@ -135,24 +135,24 @@ void plan_tile_items(const Problem& p, const BlockMap& blocks, std::vector<Item>
       std::clamp<int64_t>(p.batch * p.q_heads * blocks.q_tiles() / 64, 1, kMaxRunBlocks);
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.q_heads; ++h) {
+      bool run_open = false;  // the last item is a run of short-band blocks of this head
       for (int64_t qt = 0; qt < blocks.q_tiles(); ++qt) {
         const BlockMap::TileRange band = blocks.k_tile_range(b, h, qt);
-        const bool short_band = band.end - band.first <= kShortBandTiles;
-        Item* last = items.empty() ? nullptr : &items.back();
-        if (short_band && last != nullptr && last->b == b && last->h == h &&
-            last->q_blocks < run_limit && last->cost <= last->q_blocks * kShortBandTiles) {
-          last->q_blocks += 1;
-          last->cost += band.end - band.first;
+        const int64_t tiles = band.end - band.first;  // visited at most: the item's cost
+        const bool short_band = tiles <= kShortBandTiles;
+        if (short_band && run_open && items.back().q_blocks < run_limit) {
+          items.back().q_blocks += 1;
+          items.back().cost += tiles;
           continue;
         }
         Item item;
         item.b = b;
         item.h = h;
         item.q_first = qt * kTileQ;
-        item.q_count = std::min(kTileQ, p.q_len - item.q_first);
         item.k_end = p.k_len;
-        item.cost = band.end - band.first;  // tiles visited, at most
+        item.cost = tiles;
         items.push_back(item);
+        run_open = short_band;
       }
     }
   }

@@ -89,22 +89,9 @@ void ExpNonPositiveArray(const float* in, int64_t count, float* out) {
   }
 }
 
-// Hidden pairs of a partial tile get −inf (bit i of allowed[j]: query i may see key j).
-void ApplyMask(const uint64_t* allowed, int64_t rows, float* HWY_RESTRICT s) {
-  const DF df;
-  const size_t N = hn::Lanes(df);
-  const VF minus_inf = hn::Set(df, -INFINITY);
-  for (int64_t j = 0; j < rows; ++j) {
-    for (size_t i = 0; i < static_cast<size_t>(kTileQ); i += N) {
-      const VF x = hn::LoadU(df, s + j * kTileQ + i);
-      hn::StoreU(hn::IfThenElse(LanesFromBits(df, allowed[j], i), x, minus_inf), df,
-                 s + j * kTileQ + i);
-    }
-  }
-}
-
-// ApplyMask on each lane block's active rows only (the rows the softmax and P·V will read).
-void ApplyMaskActive(const uint64_t* allowed, const ActiveRows& active, float* HWY_RESTRICT s) {
+// Hidden pairs of a partial tile get −inf (bit i of allowed[j]: query i may see key j), on each
+// lane block's active rows (the rows the softmax and P·V will read).
+void ApplyMask(const uint64_t* allowed, const ActiveRows& active, float* HWY_RESTRICT s) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const VF minus_inf = hn::Set(df, -INFINITY);
@@ -271,15 +258,11 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
     const bool additive = p.mask->has_additive() && kind == TileKind::partial;
     TileScoreMods(c, blk, j0, rows, allowed, additive, scratch.s);
   }
-  if (active != nullptr) {
-    ApplyMaskActive(allowed, *active, scratch.s);
-    SoftmaxStepColumns<kTileQ>(scratch.s, rows, scratch.row_max, scratch.row_sum, scratch.alpha,
-                               scratch.poisoned, active->first, active->end, kLaneBlock);
-  } else {
-    if (allowed != nullptr) ApplyMask(allowed, rows, scratch.s);
-    SoftmaxStepColumns<kTileQ>(scratch.s, rows, scratch.row_max, scratch.row_sum, scratch.alpha,
-                               scratch.poisoned);
-  }
+  if (allowed != nullptr)
+    ApplyMask(allowed, active != nullptr ? *active : AllRows(rows), scratch.s);
+  SoftmaxStepColumns<kTileQ>(scratch.s, rows, scratch.row_max, scratch.row_sum, scratch.alpha,
+                             scratch.poisoned, active != nullptr ? active->first : nullptr,
+                             active != nullptr ? active->end : nullptr, kLaneBlock);
   const bool finite = ValueTileFinite(c, blk.b, g, k_tile, j0, rows, scratch.v);
   TileOutput(c, blk, g, j0, rows, finite, active, scratch);
 }

@@ -59,10 +59,11 @@ struct TileScoreChain {
   const TileLayout& tile;
   DF df;
   int64_t r = 0, x0 = 0;
-  float distance_base = 0.0f;  // qpos − kpos at (r, 0)
+  float distance_base = 0.0f;  // qpos − kpos at (r, 0), with ALiBi
 
   void set_row(int64_t row) {
     r = row;
+    if (mods.alibi_slopes == nullptr) return;  // the distance serves ALiBi alone
     const int64_t q = tile.q_first + (tile.keys_across_lanes ? r : 0);
     const int64_t k = tile.k_first + (tile.keys_across_lanes ? 0 : r);
     distance_base = static_cast<float>(mask.qpos(tile.b, q) - mask.kpos(tile.b, k));

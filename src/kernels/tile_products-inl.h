@@ -44,6 +44,17 @@ struct ActiveRows {
   int64_t rows = 0;
 };
 
+// Every lane block on all `rows` rows: a tile taken whole.
+inline ActiveRows AllRows(int64_t rows) {
+  ActiveRows all;
+  for (int64_t c = 0; c < kLaneBlocks; ++c) {
+    all.first[c] = 0;
+    all.end[c] = rows;
+  }
+  all.rows = kLaneBlocks * rows;
+  return all;
+}
+
 // From the bit rows of a partial tile (bit i of allowed[j]: query i may see key j).
 inline ActiveRows FindActiveRows(const uint64_t* allowed, int64_t rows) {
   ActiveRows active;
