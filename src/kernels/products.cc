@@ -98,7 +98,7 @@ CpuReport cpu_report() {
   r.avx512_fp16 = cpuid_leaf7_edx_bit(23);
   r.amx_bf16 = cpuid_leaf7_edx_bit(22) && cpuid_leaf7_edx_bit(24);
   r.amx_permitted = detail::fused::amx_available();
-  if (r.avx512_bf16 && !r.amx_permitted) {
+  if (r.avx512_bf16) {
     char text[96];
     std::snprintf(text, sizeof text, "vdpbf16ps at %.2fx the f32 FMA rate (needs %.2fx)",
                   detail::fused::bf16_dot_speedup(), kBf16DotMinSpeedup);
