@@ -196,6 +196,7 @@ MASKATTN_AMX_TARGET void amx_scores(const uint16_t* k, int64_t k_stride, int64_t
   } else {
     scores_any(k, k_stride * 2, full_groups, tail_rows, dim, q_pairs, s);
   }
+  if (scale == 1.0f) return;
   const __m512 factor = _mm512_set1_ps(scale);
   const int64_t written = (full_groups + (left > 0 ? 1 : 0)) * kGroup;
   for (int64_t n = 0; n < written * kTileQ; n += 16) {

@@ -27,9 +27,16 @@ void amx_begin();
 void amx_end();
 
 // s[j][i] = scale · Σ_d K[j][d]·Q[i][d] for j < rows ≤ kTileK; rows past `rows` up to the next
-// multiple of 16 are written too (with scores of zero keys). `tail` holds 16·dim bf16.
+// multiple of 16 are written too (with scores of zero keys). `tail` holds 16·dim bf16. A scale
+// of 1 skips the pass that applies it.
 void amx_scores(const uint16_t* k, int64_t k_stride, int64_t rows, int64_t dim,
                 const uint32_t* q_pairs, float scale, uint16_t* tail, float* s);
+
+// The online-softmax step on raw scores s[j][i] = Σ_d K[j][d]·Q[i][d] (amx_scores with scale 1),
+// the scale folded in (0 < scale ≤ 1), writing the weights as bf16 pairs into p_pairs (zero past
+// `rows`) instead of f32 into s: softmax-inl.h's rules, design in amx_softmax.cc.
+void amx_softmax_step(const float* s, int64_t rows, float scale, float* row_max, float* row_sum,
+                      float* alpha, float* poisoned, uint32_t* p_pairs);
 
 // Vᵀ of one key tile: vt[e][j] = V[j][e] for j < rows ≤ kTileK, zero beyond. `pairs` is scratch
 // of kTileK/2 · Dv uint32.
