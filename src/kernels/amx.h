@@ -38,6 +38,10 @@ void amx_scores(const uint16_t* k, int64_t k_stride, int64_t rows, int64_t dim,
 void amx_softmax_step(const float* s, int64_t rows, float scale, float* row_max, float* row_sum,
                       float* alpha, float* poisoned, uint32_t* p_pairs);
 
+// The backward's P = exp(scale·S − LSE) in place on raw scores [q_count][64] (0 for rows with
+// LSE −inf and for −inf scores); amx_softmax.cc.
+void amx_backward_weights(float* s, const float* lse, int64_t q_count, float scale);
+
 // Vᵀ of one key tile: vt[e][j] = V[j][e] for j < rows ≤ kTileK, zero beyond. `pairs` is scratch
 // of kTileK/2 · Dv uint32.
 void amx_pack_values(const uint16_t* v, int64_t v_stride, int64_t rows, int64_t value_dim,
@@ -47,5 +51,14 @@ void amx_pack_values(const uint16_t* v, int64_t v_stride, int64_t rows, int64_t 
 // tile's keys must be zero, as the packed Vᵀ is).
 void amx_accumulate(const uint16_t* vt, int64_t value_dim, const uint32_t* p_pairs,
                     const float* alpha, float* o);
+
+// The general product for the backward's five: C[m][n] (+)= Σ_k A[m][k]·B[k/2][n] with A bf16
+// rows (`a_stride` elements apart), B bf16 pairs (`b_stride` pairs apart), C f32 (`c_stride`
+// floats apart); m and n multiples of 16, k of 32. Within amx_begin()/amx_end().
+void amx_product(const uint16_t* a, int64_t a_stride, const uint32_t* b, int64_t b_stride, float* c,
+                 int64_t c_stride, int64_t m, int64_t n, int64_t k, bool accumulate);
+
+// out[r][x] = bf16(in[r][x]) for `rows` rows of 64 floats (round to nearest even).
+void amx_round_rows(const float* in, int64_t rows, uint16_t* out);
 
 }  // namespace maskattn::detail::fused

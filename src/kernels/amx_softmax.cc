@@ -102,4 +102,26 @@ MASKATTN_AMX_SOFTMAX_TARGET void amx_softmax_step(const float* s, int64_t rows, 
   std::memset(p_pairs + pairs * kTileQ, 0, (kTileK / 2 - pairs) * kTileQ * sizeof(uint32_t));
 }
 
+// The backward's weights from raw scores: s[i][j] = exp(scale·s[i][j] − lse[i]) for rows
+// i < q_count, 0 for a row without keys (LSE −inf) and for hidden pairs (−inf scores). The
+// backward takes this on AMX tile pairs without modifiers, whose inputs are finite.
+MASKATTN_AMX_SOFTMAX_TARGET void amx_backward_weights(float* s, const float* lse, int64_t q_count,
+                                                      float scale) {
+  const __m512 c = _mm512_set1_ps(scale * kLog2e), cap = _mm512_set1_ps(127.0f);
+  for (int64_t i = 0; i < q_count; ++i) {
+    float* row = s + i * kTileK;
+    if (lse[i] == -INFINITY) {
+      std::memset(row, 0, kTileK * sizeof(float));
+      continue;
+    }
+    const __m512 offset = _mm512_set1_ps(lse[i] * kLog2e);
+    for (int64_t j = 0; j < kTileK; j += 16) {
+      // ≤ 0 up to rounding for this row's LSE; capped so that 2^t cannot overflow.
+      const __m512 t =
+          _mm512_maskz_min_ps(0xFFFF, _mm512_fmsub_ps(_mm512_loadu_ps(row + j), c, offset), cap);
+      _mm512_storeu_ps(row + j, Exp2(t));
+    }
+  }
+}
+
 }  // namespace maskattn::detail::fused
