@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "forward_rule.h"
+#include "kernels/amx.h"
 #include "maskattn/cpu.h"
 #include "maskattn/error.h"
 #include "test_util.h"
@@ -178,6 +179,20 @@ TEST(Products, ForcingAUnitTheCpuLacksIsAnError) {
   }
   if (cpu.amx_permitted && cpu.avx512_bf16) {
     GTEST_SKIP() << "this CPU has every unit: no forcing error to provoke";
+  }
+}
+
+TEST(Products, RefusedTileStateFallsBackCleanly) {
+  // As when Linux refuses the tile state (or on a CPU without AMX): automatic takes the next
+  // unit, and the results still keep the rule.
+  const detail::fused::ScopedAmxRefusal refused;
+  const CpuReport cpu = cpu_report();
+  EXPECT_FALSE(cpu.amx_permitted);
+  EXPECT_NE(cpu.bf16, Products::amx);
+  EXPECT_NE(tile_products(DType::bf16, 64, 64, true), Products::amx);
+  const RandomProblem p(1, 2, 1, 130, 140, 64, 64, 12);
+  for (const Mask& mask : {Mask(), Mask().causal()}) {
+    test::expect_within_rule(p, DType::bf16, mask, "refused " + mask.describe());
   }
 }
 

@@ -41,6 +41,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 
 #include "kernels/bf16_dot.h"
@@ -102,9 +103,20 @@ bool request_tile_permission() {
 
 }  // namespace
 
+namespace {
+std::atomic<int> refusals{0};  // live ScopedAmxRefusal objects
+}  // namespace
+
 bool amx_available() {
   static const bool available = cpu_has_amx() && bf16_dot_available() && request_tile_permission();
-  return available;
+  return available && refusals.load(std::memory_order_relaxed) == 0;
+}
+
+ScopedAmxRefusal::ScopedAmxRefusal() {
+  refusals.fetch_add(1);
+}
+ScopedAmxRefusal::~ScopedAmxRefusal() {
+  refusals.fetch_sub(1);
 }
 
 bool amx_fits(int64_t head_dim, int64_t value_dim) {

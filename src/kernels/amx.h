@@ -18,6 +18,16 @@ namespace maskattn::detail::fused {
 // this process the permission to use it (arch_prctl ARCH_REQ_XCOMP_PERM, asked once).
 bool amx_available();
 
+// For tests: while one lives, amx_available() answers as if Linux had refused the tile state, so
+// that the fallback and the error for a forced AMX run on any CPU.
+class ScopedAmxRefusal {
+ public:
+  ScopedAmxRefusal();
+  ~ScopedAmxRefusal();
+  ScopedAmxRefusal(const ScopedAmxRefusal&) = delete;
+  ScopedAmxRefusal& operator=(const ScopedAmxRefusal&) = delete;
+};
+
 // Shapes the AMX products take: D a multiple of 32 (a tile row is 32 bf16), Dv of 16.
 bool amx_fits(int64_t head_dim, int64_t value_dim);
 

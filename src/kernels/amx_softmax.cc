@@ -13,6 +13,11 @@
 //     vscalefps for the 2^n; t < −126 gives exactly 0 (as the generic exp's flush), so a hidden
 //     score (−inf) weighs exactly 0 and a row that saw no key ends with l = 0 → O = 0;
 //   - the weights are rounded to bf16 pairs as they are made, never stored as f32.
+//   - the running maximum moves only when a score passes it by more than kMaxLag = 8 (natural
+//     log units): softmax is the same for any subtracted constant, and weights up to e^8 ≈ 3000
+//     cannot overflow a sum in f32; but α = 1 then holds for almost every tile after the first,
+//     which spares the output its rescaling pass — vector stores that the next tile loads of O
+//     would have to wait for (a tile load does not take data from pending vector stores).
 // The rules are softmax-inl.h's: the −inf guard (a column whose maximum is −inf subtracts 0),
 // α = exp(m_old − m_new), l = α·l + Σ w with w in f32, NaN/+inf scores poison their row.
 //
@@ -34,6 +39,7 @@ namespace maskattn::detail::fused {
 namespace {
 
 constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kMaxLag = 8.0f;  // how far a score may pass the running maximum before it moves
 
 // 2^t for t ≤ ~0: exactly 0 below −126 (and for −inf), never a subnormal.
 MASKATTN_AMX_SOFTMAX_TARGET inline __m512 Exp2(__m512 t) {
@@ -76,8 +82,12 @@ MASKATTN_AMX_SOFTMAX_TARGET void amx_softmax_step(const float* s, int64_t rows, 
       raw_max = _mm512_maskz_max_ps(0xFFFF, raw_max, x);
       bad |= _mm512_cmp_ps_mask(x, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ);  // NaN or +inf
     }
-    const __m512 m =
+    const __m512 candidate =
         _mm512_maskz_max_ps(0xFFFF, m_old, _mm512_mul_ps(raw_max, _mm512_set1_ps(scale)));
+    // Moves when it passes by more than kMaxLag (always from −inf: −inf + lag is −inf).
+    const __mmask16 moves = _mm512_cmp_ps_mask(
+        candidate, _mm512_add_ps(m_old, _mm512_set1_ps(kMaxLag)), _CMP_GT_OQ);
+    const __m512 m = _mm512_mask_blend_ps(moves, m_old, candidate);
     const __mmask16 empty = _mm512_cmp_ps_mask(m, minus_inf, _CMP_EQ_OQ);
     const __m512 m_used = _mm512_mask_blend_ps(empty, m, _mm512_setzero_ps());  // the −inf guard
     const __m512 offset = _mm512_mul_ps(m_used, _mm512_set1_ps(kLog2e));
