@@ -163,25 +163,6 @@ TEST(Products, NamesRoundTripAndUnknownNamesAreErrors) {
                         "auto, f32, bf16-dot or amx");
 }
 
-TEST(Products, ForcingAUnitTheCpuLacksIsAnError) {
-  const CpuReport cpu = cpu_report();
-  const RandomProblem p(1, 1, 1, 70, 70, 64, 64, 3);
-  Options options;
-  if (!cpu.amx_permitted) {
-    options.products = Products::amx;
-    EXPECT_MASKATTN_ERROR(test::run(p, DType::bf16, Mask(), {}, options), "products = amx",
-                          "maskattn info");
-  }
-  if (!cpu.avx512_bf16) {
-    options.products = Products::bf16_dot;
-    EXPECT_MASKATTN_ERROR(test::run(p, DType::bf16, Mask(), {}, options), "products = bf16-dot",
-                          "AVX512-BF16");
-  }
-  if (cpu.amx_permitted && cpu.avx512_bf16) {
-    GTEST_SKIP() << "this CPU has every unit: no forcing error to provoke";
-  }
-}
-
 TEST(Products, RefusedTileStateFallsBackCleanly) {
   // As when Linux refuses the tile state (or on a CPU without AMX): automatic takes the next
   // unit, and the results still keep the rule.
