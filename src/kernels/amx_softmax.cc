@@ -85,8 +85,8 @@ MASKATTN_AMX_SOFTMAX_TARGET void amx_softmax_step(const float* s, int64_t rows, 
     const __m512 candidate =
         _mm512_maskz_max_ps(0xFFFF, m_old, _mm512_mul_ps(raw_max, _mm512_set1_ps(scale)));
     // Moves when it passes by more than kMaxLag (always from −inf: −inf + lag is −inf).
-    const __mmask16 moves = _mm512_cmp_ps_mask(
-        candidate, _mm512_add_ps(m_old, _mm512_set1_ps(kMaxLag)), _CMP_GT_OQ);
+    const __mmask16 moves =
+        _mm512_cmp_ps_mask(candidate, _mm512_add_ps(m_old, _mm512_set1_ps(kMaxLag)), _CMP_GT_OQ);
     const __m512 m = _mm512_mask_blend_ps(moves, m_old, candidate);
     const __mmask16 empty = _mm512_cmp_ps_mask(m, minus_inf, _CMP_EQ_OQ);
     const __m512 m_used = _mm512_mask_blend_ps(empty, m, _mm512_setzero_ps());  // the −inf guard
