@@ -12,7 +12,10 @@
 //     (relative error 2.4e-6, far below the 2^-9 of the bf16 weights that multiply V) and
 //     vscalefps for the 2^n; t < −126 gives exactly 0 (as the generic exp's flush), so a hidden
 //     score (−inf) weighs exactly 0 and a row that saw no key ends with l = 0 → O = 0;
-//   - the weights are rounded to bf16 pairs as they are made, never stored as f32.
+//   - the weights are rounded to bf16 pairs as they are made, never stored as f32;
+//   - once a column's running maximum is finite, the weights are made against it in one pass,
+//     their largest exponent watched: the rare tile where a score passes it by more than
+//     kMaxLag (or holds a NaN or +inf) is redone in two passes, maximum first.
 //   - the running maximum moves only when a score passes it by more than kMaxLag = 8 (natural
 //     log units): softmax is the same for any subtracted constant, and weights up to e^8 ≈ 3000
 //     cannot overflow a sum in f32; but α = 1 then holds for almost every tile after the first,
@@ -58,6 +61,84 @@ MASKATTN_AMX_SOFTMAX_TARGET inline __m512 Exp2(__m512 t) {
   return _mm512_maskz_scalef_ps(kept, p, n);
 }
 
+// What one column of 16 queries needs from its scores: the pair interleave, the scale, the tile.
+struct Column {
+  const float* s;  // s + i: the column's first score
+  int64_t rows;
+  __m512 c;  // scale · log2 e
+  __m512i interleave;
+  uint32_t* p_pairs;  // p_pairs + i
+};
+
+struct Weighed {
+  __m512 sum;    // Σ_j w
+  __m512 t_max;  // max_j (scale·s − m)·log2 e, the largest exponent met (NaN may be lost)
+};
+
+// w = 2^(s·c − offset) for the column's keys, written as bf16 pairs.
+MASKATTN_AMX_SOFTMAX_TARGET inline Weighed WeighColumn(const Column& col, __m512 offset) {
+  __m512 sum = _mm512_setzero_ps(), t_max = _mm512_set1_ps(-INFINITY);
+  for (int64_t t = 0; t < (col.rows + 1) / 2; ++t) {
+    const float* first = col.s + 2 * t * kTileQ;
+    const __m512 t0 = _mm512_fmsub_ps(_mm512_loadu_ps(first), col.c, offset);
+    const bool second = 2 * t + 1 < col.rows;
+    const __m512 t1 = second ? _mm512_fmsub_ps(_mm512_loadu_ps(first + kTileQ), col.c, offset)
+                             : _mm512_set1_ps(-INFINITY);
+    t_max = _mm512_maskz_max_ps(0xFFFF, t_max, _mm512_maskz_max_ps(0xFFFF, t0, t1));
+    const __m512 w0 = Exp2(t0), w1 = Exp2(t1);
+    sum = _mm512_add_ps(sum, _mm512_add_ps(w0, w1));
+    const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(w1, w0);
+    _mm512_storeu_si512(col.p_pairs + t * kTileQ, _mm512_permutexvar_epi16(col.interleave, halves));
+  }
+  return {sum, t_max};
+}
+
+// The full step for one column: the maximum first (and the NaN/+inf check), then the weights.
+MASKATTN_AMX_SOFTMAX_TARGET void TwoPassColumn(const Column& col, float scale, float* row_max,
+                                               float* row_sum, float* alpha, float* poisoned) {
+  const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
+  const __m512 m_old = _mm512_loadu_ps(row_max);
+  __m512 raw_max = minus_inf;
+  __mmask16 bad = _mm512_cmp_ps_mask(_mm512_loadu_ps(poisoned), _mm512_setzero_ps(), _CMP_NEQ_UQ);
+  for (int64_t j = 0; j < col.rows; ++j) {
+    const __m512 x = _mm512_loadu_ps(col.s + j * kTileQ);
+    raw_max = _mm512_maskz_max_ps(0xFFFF, raw_max, x);
+    bad |= _mm512_cmp_ps_mask(x, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ);  // NaN or +inf
+  }
+  const __m512 candidate =
+      _mm512_maskz_max_ps(0xFFFF, m_old, _mm512_mul_ps(raw_max, _mm512_set1_ps(scale)));
+  // Moves when it passes by more than kMaxLag (always from −inf: −inf + lag is −inf).
+  const __mmask16 moves =
+      _mm512_cmp_ps_mask(candidate, _mm512_add_ps(m_old, _mm512_set1_ps(kMaxLag)), _CMP_GT_OQ);
+  const __m512 m = _mm512_mask_blend_ps(moves, m_old, candidate);
+  const __mmask16 empty = _mm512_cmp_ps_mask(m, minus_inf, _CMP_EQ_OQ);
+  const __m512 m_used = _mm512_mask_blend_ps(empty, m, _mm512_setzero_ps());  // the −inf guard
+  const __m512 a = Exp2(_mm512_mul_ps(_mm512_sub_ps(m_old, m_used), _mm512_set1_ps(kLog2e)));
+  const Weighed weighed = WeighColumn(col, _mm512_mul_ps(m_used, _mm512_set1_ps(kLog2e)));
+  _mm512_storeu_ps(row_sum, _mm512_fmadd_ps(a, _mm512_loadu_ps(row_sum), weighed.sum));
+  _mm512_storeu_ps(row_max, m);
+  _mm512_storeu_ps(alpha, a);
+  _mm512_storeu_ps(poisoned, _mm512_maskz_mov_ps(bad, _mm512_set1_ps(1.0f)));
+}
+
+// The usual case after a column's first keys: its running maximum is finite, so the weights can
+// be made against it directly, one pass. False (nothing stored but pairs the caller redoes) when a
+// score passed the maximum by more than kMaxLag, or a weight is NaN (a NaN or +inf score): then
+// the two passes run instead.
+MASKATTN_AMX_SOFTMAX_TARGET bool OnePassColumn(const Column& col, float* row_max, float* row_sum,
+                                               float* alpha) {
+  const __m512 m_old = _mm512_loadu_ps(row_max);
+  if (_mm512_cmp_ps_mask(m_old, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ) != 0) return false;
+  const Weighed weighed = WeighColumn(col, _mm512_mul_ps(m_old, _mm512_set1_ps(kLog2e)));
+  const __mmask16 passed =
+      _mm512_cmp_ps_mask(weighed.t_max, _mm512_set1_ps(kMaxLag * kLog2e), _CMP_GT_OQ);
+  const __mmask16 nan = _mm512_cmp_ps_mask(weighed.sum, weighed.sum, _CMP_UNORD_Q);
+  if ((passed | nan) != 0) return false;
+  _mm512_storeu_ps(row_sum, _mm512_add_ps(_mm512_loadu_ps(row_sum), weighed.sum));
+  _mm512_storeu_ps(alpha, _mm512_set1_ps(1.0f));
+  return true;
+}
+
 }  // namespace
 
 MASKATTN_AMX_SOFTMAX_TARGET void amx_softmax_step(const float* s, int64_t rows, float scale,
@@ -70,45 +151,14 @@ MASKATTN_AMX_SOFTMAX_TARGET void amx_softmax_step(const float* s, int64_t rows, 
     order[2 * n + 1] = static_cast<uint16_t>(16 + n);
   }
   const __m512i interleave = _mm512_load_si512(order);
-  const __m512 c = _mm512_set1_ps(scale * kLog2e), minus_inf = _mm512_set1_ps(-INFINITY);
-  const int64_t pairs = (rows + 1) / 2;
   for (int64_t i = 0; i < kTileQ; i += 16) {
-    const __m512 m_old = _mm512_loadu_ps(row_max + i);
-    __m512 raw_max = minus_inf;
-    __mmask16 bad =
-        _mm512_cmp_ps_mask(_mm512_loadu_ps(poisoned + i), _mm512_setzero_ps(), _CMP_NEQ_UQ);
-    for (int64_t j = 0; j < rows; ++j) {
-      const __m512 x = _mm512_loadu_ps(s + j * kTileQ + i);
-      raw_max = _mm512_maskz_max_ps(0xFFFF, raw_max, x);
-      bad |= _mm512_cmp_ps_mask(x, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ);  // NaN or +inf
+    const Column col{s + i, rows, _mm512_set1_ps(scale * kLog2e), interleave, p_pairs + i};
+    if (!OnePassColumn(col, row_max + i, row_sum + i, alpha + i)) {
+      TwoPassColumn(col, scale, row_max + i, row_sum + i, alpha + i, poisoned + i);
     }
-    const __m512 candidate =
-        _mm512_maskz_max_ps(0xFFFF, m_old, _mm512_mul_ps(raw_max, _mm512_set1_ps(scale)));
-    // Moves when it passes by more than kMaxLag (always from −inf: −inf + lag is −inf).
-    const __mmask16 moves =
-        _mm512_cmp_ps_mask(candidate, _mm512_add_ps(m_old, _mm512_set1_ps(kMaxLag)), _CMP_GT_OQ);
-    const __m512 m = _mm512_mask_blend_ps(moves, m_old, candidate);
-    const __mmask16 empty = _mm512_cmp_ps_mask(m, minus_inf, _CMP_EQ_OQ);
-    const __m512 m_used = _mm512_mask_blend_ps(empty, m, _mm512_setzero_ps());  // the −inf guard
-    const __m512 offset = _mm512_mul_ps(m_used, _mm512_set1_ps(kLog2e));
-    const __m512 a = Exp2(_mm512_mul_ps(_mm512_sub_ps(m_old, m_used), _mm512_set1_ps(kLog2e)));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t t = 0; t < pairs; ++t) {
-      const float* first = s + 2 * t * kTileQ + i;
-      const __m512 w0 = Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(first), c, offset));
-      const __m512 w1 = 2 * t + 1 < rows
-                            ? Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(first + kTileQ), c, offset))
-                            : _mm512_setzero_ps();
-      sum = _mm512_add_ps(sum, _mm512_add_ps(w0, w1));
-      const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(w1, w0);
-      _mm512_storeu_si512(p_pairs + t * kTileQ + i, _mm512_permutexvar_epi16(interleave, halves));
-    }
-    _mm512_storeu_ps(row_sum + i, _mm512_fmadd_ps(a, _mm512_loadu_ps(row_sum + i), sum));
-    _mm512_storeu_ps(row_max + i, m);
-    _mm512_storeu_ps(alpha + i, a);
-    _mm512_storeu_ps(poisoned + i, _mm512_maskz_mov_ps(bad, _mm512_set1_ps(1.0f)));
   }
   // Pairs past the tile's keys meet Vᵀ's zero padding: zero, not stale.
+  const int64_t pairs = (rows + 1) / 2;
   std::memset(p_pairs + pairs * kTileQ, 0, (kTileK / 2 - pairs) * kTileQ * sizeof(uint32_t));
 }
 

@@ -251,20 +251,48 @@ void TileScoreMods(const Context& c, const Block& blk, int64_t j0, int64_t rows,
   ApplyScoreChainToTile(*c.problem->mods, *c.problem->mask, tile, s);
 }
 
-// One key tile on AMX with nothing between the products but the mask: raw scores, the mask, the
-// softmax step with the scale folded in and P written as bf16 pairs (amx_softmax.cc), O += P·V.
-void AttendTileAmx(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
-                   const uint64_t* allowed, Scratch& scratch) {
+// ---- the AMX path, software-pipelined ----------------------------------------------------------
+// Where nothing sits between the products but the mask (no modifiers, a finite V tile, 0 < scale ≤
+// 1) a key tile runs as raw scores, the mask, the softmax step with the scale folded in and P
+// written as bf16 pairs (amx_softmax.cc), then O += P·V. The P·V of tile k is deferred until the
+// scores of tile k + 1 are issued: a tile load waits for the vector stores it reads (P's pairs)
+// to reach the cache, and a vector load for the tile stores it reads (the scores), so each
+// hand-off gets the other product's time to complete instead of stalling.
+
+bool AmxFastPath(const Context& c, const Block& blk, int64_t k_tile, Scratch& scratch) {
   const Problem& p = *c.problem;
-  amx_scores(static_cast<const uint16_t*>(p.k.data()) + p.k.offset({blk.b, g, j0, 0}),
-             p.k.stride(2), rows, p.head_dim, scratch.q_pairs, 1.0f, scratch.k_tail, scratch.s);
-  if (allowed != nullptr) ApplyMask(allowed, AllRows(rows), scratch.s);
-  amx_softmax_step(scratch.s, rows, static_cast<float>(p.scale), scratch.row_max, scratch.row_sum,
-                   scratch.alpha, scratch.poisoned, scratch.p_pairs);
+  if (c.products != Products::amx || c.score_mods || !(p.scale > 0 && p.scale <= 1)) return false;
+  const int64_t j0 = k_tile * kTileK;
+  return ValueTileFinite(c, blk.b, p.kv_head(blk.h), k_tile, j0, std::min(kTileK, blk.k_end - j0),
+                         scratch.v);
+}
+
+// O += P·V for key tile k_tile, whose P (pairs) and α the last softmax step left in the scratch.
+void AmxOutput(const Context& c, const Block& blk, int64_t k_tile, Scratch& scratch) {
+  const Problem& p = *c.problem;
   const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
   const uint16_t* vt =
-      c.v_transposed + ((blk.b * p.kv_heads + g) * k_tiles + j0 / kTileK) * p.value_dim * kTileK;
+      c.v_transposed +
+      ((blk.b * p.kv_heads + p.kv_head(blk.h)) * k_tiles + k_tile) * p.value_dim * kTileK;
   amx_accumulate(vt, p.value_dim, scratch.p_pairs, scratch.alpha, scratch.o);
+}
+
+// Scores of k_tile, then the deferred P·V of tile `pending` (if ≥ 0), then k_tile's mask and
+// softmax step; k_tile's own P·V is left for the caller to run later.
+void AmxScoresAndWeights(const Context& c, const Block& blk, int64_t k_tile, TileKind kind,
+                         int64_t pending, Scratch& scratch) {
+  const Problem& p = *c.problem;
+  const int64_t j0 = k_tile * kTileK, rows = std::min(kTileK, blk.k_end - j0);
+  const int64_t g = p.kv_head(blk.h);
+  amx_scores(static_cast<const uint16_t*>(p.k.data()) + p.k.offset({blk.b, g, j0, 0}),
+             p.k.stride(2), rows, p.head_dim, scratch.q_pairs, 1.0f, scratch.k_tail, scratch.s);
+  if (pending >= 0) AmxOutput(c, blk, pending, scratch);
+  if (kind == TileKind::partial) {
+    c.tile_masks->build(blk.b, blk.h, blk.q_first, blk.q_count, j0, rows, scratch.allowed);
+    ApplyMask(scratch.allowed, AllRows(rows), scratch.s);
+  }
+  amx_softmax_step(scratch.s, rows, static_cast<float>(p.scale), scratch.row_max, scratch.row_sum,
+                   scratch.alpha, scratch.poisoned, scratch.p_pairs);
 }
 
 // One key tile of a block: scores, modifiers, mask, one online-softmax step, O += P·V. A partial
@@ -286,11 +314,6 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
       active_rows = FindActiveRows(allowed, rows);
       if (4 * active_rows.rows <= 3 * kLaneBlocks * rows) active = &active_rows;
     }
-  }
-  if (c.products == Products::amx && !c.score_mods && p.scale > 0 && p.scale <= 1 &&
-      ValueTileFinite(c, blk.b, g, k_tile, j0, rows, scratch.v)) {
-    AttendTileAmx(c, blk, g, j0, rows, allowed, scratch);
-    return;
   }
   TileScores(c, blk, g, j0, rows, active, scratch);
   if (c.score_mods) {
@@ -318,10 +341,20 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
   if (c.products == Products::amx) amx_begin();
   SoftmaxStart(p, blk.h, blk.with_sink, scratch.row_max, scratch.row_sum, scratch.poisoned, kTileQ);
   std::memset(scratch.o, 0, p.value_dim * kTileQ * sizeof(float));
+  int64_t pending = -1;  // the AMX path's key tile whose P·V is still to come
   for (int64_t k_tile = std::max(band.first, blk.k_first / kTileK); k_tile < k_tile_end; ++k_tile) {
     const TileKind kind = c.blocks->kind(blk.b, blk.h, q_tile, k_tile);
-    if (kind != TileKind::empty) AttendTile(c, blk, k_tile, kind, scratch);
+    if (kind == TileKind::empty) continue;
+    if (AmxFastPath(c, blk, k_tile, scratch)) {
+      AmxScoresAndWeights(c, blk, k_tile, kind, pending, scratch);
+      pending = k_tile;
+      continue;
+    }
+    if (pending >= 0) AmxOutput(c, blk, pending, scratch);
+    pending = -1;
+    AttendTile(c, blk, k_tile, kind, scratch);
   }
+  if (pending >= 0) AmxOutput(c, blk, pending, scratch);
   if (c.products == Products::amx) amx_end();
   Finalize(blk.q_count, p.value_dim, scratch.o, scratch.row_max, scratch.row_sum, scratch.poisoned,
            scratch.out, scratch.lse);
