@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/element.h"
+#include "kernels/products.h"
 #include "maskattn/error.h"
 
 namespace maskattn::detail {
@@ -181,6 +182,7 @@ Problem make_problem(const TensorView& q, const TensorView& k, const TensorView*
                 std::to_string(kMaxThreads) + "] (0 = all cores)");
   }
   p.threads = options.threads;
+  p.products = requested_products(options.products);
   return p;
 }
 

@@ -25,11 +25,25 @@ enum class Kernel : uint8_t {
   fused,      // tiled, SIMD (runtime dispatch), skips what the mask hides, f32 accumulation
 };
 
+// Which unit computes the fused kernels' products for bf16 inputs (f32 and f16 inputs always
+// use f32 products: no CPU we target multiplies f16 with f32 accumulation faster). `automatic`
+// takes this CPU's fastest (cpu.h says which, `maskattn info` prints it); the environment
+// variable MASKATTN_PRODUCTS=auto|f32|bf16-dot|amx overrides `automatic`, for tests and
+// benchmarks. Forcing a unit the CPU lacks is an Error; a shape a unit cannot take (AMX: D a
+// multiple of 32, Dv of 16; both: rows contiguous in memory) runs on the next one.
+enum class Products : uint8_t {
+  automatic,
+  f32,       // widen to f32 once per call, f32 FMA: every CPU
+  bf16_dot,  // vdpbf16ps (AVX512-BF16): fast on AMD Zen 4/5, half rate on Intel
+  amx,       // AMX tiles (Intel Sapphire Rapids and later)
+};
+
 struct Options {
   std::optional<double> scale;  // default 1/√D
   bool check_finite = false;    // raise an Error naming the first NaN/Inf in Q, K or V
   Kernel kernel = Kernel::automatic;
   int threads = 0;  // 0 = OpenMP's default (all cores); at most kMaxThreads
+  Products products = Products::automatic;
 };
 
 inline constexpr int kMaxThreads = 1024;

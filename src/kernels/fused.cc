@@ -25,9 +25,11 @@
 #include "core/element.h"
 #include "core/parallel.h"
 #include "core/reused.h"
+#include "kernels/amx.h"
 #include "kernels/bf16_dot.h"
 #include "kernels/fused_block.h"
 #include "kernels/merge.h"
+#include "maskattn/cpu.h"
 #include "maskattn/memory.h"
 
 namespace maskattn::detail::fused {
@@ -52,20 +54,23 @@ struct Item {
 
 // How one call runs: which kernel, and what is prepared for it once per call.
 struct Mode {
-  bool rows = false;      // row kernel (few queries), else the tile kernel
-  bool bf16_dot = false;  // tile kernel on vdpbf16ps (bf16 inputs, AVX512-BF16)
+  bool rows = false;  // row kernel (few queries), else the tile kernel
+  // The tile kernel's product unit (cpu.h): f32 FMA, vdpbf16ps or AMX on bf16 inputs.
+  Products products = Products::f32;
   // The tile kernel reads every key and value tile once per query block: f16/bf16 or strided K/V
-  // are converted to contiguous f32 once per call instead (into a buffer this thread keeps).
+  // are converted to contiguous f32 once per call for the f32 products (into a buffer this
+  // thread keeps).
   bool convert = false;
 };
 
 Mode choose_mode(const Problem& p) {
   Mode mode;
   mode.rows = p.q_len <= kRowModeQueries;
-  mode.bf16_dot = !mode.rows && p.q.dtype() == DType::bf16 && p.head_dim % 2 == 0 &&
-                  p.q.stride(3) == 1 && p.k.stride(3) == 1 && p.v.stride(3) == 1 &&
-                  bf16_dot_available();
-  mode.convert = !mode.rows && !mode.bf16_dot &&
+  const bool contiguous = p.q.stride(3) == 1 && p.k.stride(3) == 1 && p.v.stride(3) == 1;
+  if (!mode.rows) {
+    mode.products = tile_products(p.q.dtype(), p.head_dim, p.value_dim, contiguous, p.products);
+  }
+  mode.convert = !mode.rows && mode.products == Products::f32 &&
                  (p.k.dtype() != DType::f32 || p.k.stride(3) != 1 || p.v.stride(3) != 1);
   return mode;
 }
@@ -77,7 +82,11 @@ void require_working_memory(const Problem& p, const Mode& mode) {
   double bytes = 4.0 * (kTileQ + kTileK) * (2.0 * p.head_dim + 2.0 * p.value_dim + kTileQ) *
                  (p.threads > 0 ? p.threads : omp_get_max_threads());
   if (mode.convert) bytes += 4.0 * keys * (p.head_dim + p.value_dim);
-  if (mode.bf16_dot) bytes += 4.0 * (keys / 2 + p.batch * p.kv_heads) * p.value_dim;
+  if (mode.products == Products::bf16_dot) {
+    bytes += 4.0 * (keys / 2 + p.batch * p.kv_heads) * p.value_dim;
+  }
+  if (mode.products == Products::amx)
+    bytes += 2.0 * (keys + kTileK * p.batch * p.kv_heads) * p.value_dim;
   if (mode.rows && p.k_len > 2 * kChunkKeys) {
     bytes += 4.0 * p.batch * p.kv_heads * (p.k_len / kChunkKeys + 1) * kMaxRows *
              (p.value_dim + 1) * ((p.q_heads / std::max<int64_t>(p.kv_heads, 1)) * p.q_len);
@@ -112,6 +121,30 @@ const uint32_t* pair_values(const Problem& p) {
     }
   }
   return pairs.data();
+}
+
+// V's key tiles transposed once for all query blocks (amx.h layout): [B, Hkv, k_tiles, Dv, kTileK].
+const uint16_t* transpose_values(const Problem& p) {
+  std::vector<uint16_t>& packed = reused<uint16_t, Forward>();
+  const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK, tile = p.value_dim * kTileK;
+  packed.resize(p.batch * p.kv_heads * k_tiles * tile);
+  const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<uint32_t> pairs(kTileK / 2 * p.value_dim);
+#pragma omp for collapse(3) schedule(static)
+    for (int64_t b = 0; b < p.batch; ++b) {
+      for (int64_t g = 0; g < p.kv_heads; ++g) {
+        for (int64_t t = 0; t < k_tiles; ++t) {
+          const int64_t j0 = t * kTileK;
+          amx_pack_values(static_cast<const uint16_t*>(p.v.data()) + p.v.offset({b, g, j0, 0}),
+                          p.v.stride(2), std::min(kTileK, p.k_len - j0), p.value_dim, pairs.data(),
+                          packed.data() + ((b * p.kv_heads + g) * k_tiles + t) * tile);
+        }
+      }
+    }
+  }
+  return packed.data();
 }
 
 bool has_score_mods(const Problem& p) {
@@ -298,8 +331,9 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   context.problem = &p;
   context.blocks = &blocks;
   context.tile_masks = &tile_masks;
-  context.bf16_dot = mode.bf16_dot;
-  if (mode.bf16_dot) context.v_pairs = pair_values(p);
+  context.products = mode.products;
+  if (mode.products == Products::bf16_dot) context.v_pairs = pair_values(p);
+  if (mode.products == Products::amx) context.v_transposed = transpose_values(p);
   context.score_mods = has_score_mods(p);
   context.skip_hidden_rows = block_skipping;
   std::unique_ptr<std::atomic<uint8_t>[]> v_finite;

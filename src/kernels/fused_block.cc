@@ -40,6 +40,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/amx.h"
 #include "kernels/bf16_dot.h"
 #include "kernels/convert-inl.h"
 #include "kernels/fused_block.h"
@@ -154,7 +155,7 @@ void Finalize(int64_t q_count, int64_t value_dim, const float* o, const float* r
 void PackQueries(const Context& c, const Block& blk, Scratch& scratch) {
   const Problem& p = *c.problem;
   const int64_t dim = p.head_dim;
-  if (c.bf16_dot) {
+  if (c.products != Products::f32) {
     bf16_pack_queries(
         static_cast<const uint16_t*>(p.q.data()) + p.q.offset({blk.b, blk.h, blk.q_first, 0}),
         p.q.stride(2), blk.q_count, dim, scratch.q_pairs);
@@ -175,10 +176,15 @@ void PackQueries(const Context& c, const Block& blk, Scratch& scratch) {
 void TileScores(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
                 const ActiveRows* active, Scratch& scratch) {
   const Problem& p = *c.problem;
-  if (c.bf16_dot) {
-    bf16_scores(static_cast<const uint16_t*>(p.k.data()) + p.k.offset({blk.b, g, j0, 0}),
-                p.k.stride(2), rows, p.head_dim, scratch.q_pairs, static_cast<float>(p.scale),
-                scratch.s);
+  if (c.products != Products::f32) {
+    const uint16_t* k = static_cast<const uint16_t*>(p.k.data()) + p.k.offset({blk.b, g, j0, 0});
+    const auto scale = static_cast<float>(p.scale);
+    if (c.products == Products::amx) {
+      amx_scores(k, p.k.stride(2), rows, p.head_dim, scratch.q_pairs, scale, scratch.k_tail,
+                 scratch.s);
+    } else {
+      bf16_scores(k, p.k.stride(2), rows, p.head_dim, scratch.q_pairs, scale, scratch.s);
+    }
     return;
   }
   int64_t k_stride = 0;
@@ -195,7 +201,19 @@ void TileScores(const Context& c, const Block& blk, int64_t g, int64_t j0, int64
 void TileOutput(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
                 bool finite, const ActiveRows* active, Scratch& scratch) {
   const Problem& p = *c.problem;
-  if (c.bf16_dot && finite) {
+  if (c.products == Products::amx && finite) {
+    bf16_pack_weights(scratch.s, rows, scratch.p_pairs);
+    // Pairs past the tile's keys meet Vᵀ's zero padding: they must be zero, not stale.
+    const int64_t filled = (rows + 1) / 2;
+    std::memset(scratch.p_pairs + filled * kTileQ, 0,
+                (kTileK / 2 - filled) * kTileQ * sizeof(uint32_t));
+    const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
+    const uint16_t* vt =
+        c.v_transposed + ((blk.b * p.kv_heads + g) * k_tiles + j0 / kTileK) * p.value_dim * kTileK;
+    amx_accumulate(vt, p.value_dim, scratch.p_pairs, scratch.alpha, scratch.o);
+    return;
+  }
+  if (c.products == Products::bf16_dot && finite) {
     bf16_pack_weights(scratch.s, rows, scratch.p_pairs);
     // V was packed into pairs once per call; tiles start at even keys.
     const uint32_t* v_pairs =
@@ -248,7 +266,7 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
   if (kind == TileKind::partial) {
     c.tile_masks->build(blk.b, blk.h, blk.q_first, blk.q_count, j0, rows, scratch.allowed);
     allowed = scratch.allowed;
-    if (!c.bf16_dot && c.skip_hidden_rows) {
+    if (c.products == Products::f32 && c.skip_hidden_rows) {
       active_rows = FindActiveRows(allowed, rows);
       if (4 * active_rows.rows <= 3 * kLaneBlocks * rows) active = &active_rows;
     }
@@ -274,12 +292,16 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
   const BlockMap::TileRange band = c.blocks->k_tile_range(blk.b, blk.h, q_tile);
   const int64_t k_tile_end = std::min(band.end, (blk.k_end + kTileK - 1) / kTileK);
   PackQueries(c, blk, scratch);
+  // The tile state is configured per block and released after it: cheap next to a block's work,
+  // and no thread holds 8 KiB of tile state between calls.
+  if (c.products == Products::amx) amx_begin();
   SoftmaxStart(p, blk.h, blk.with_sink, scratch.row_max, scratch.row_sum, scratch.poisoned, kTileQ);
   std::memset(scratch.o, 0, p.value_dim * kTileQ * sizeof(float));
   for (int64_t k_tile = std::max(band.first, blk.k_first / kTileK); k_tile < k_tile_end; ++k_tile) {
     const TileKind kind = c.blocks->kind(blk.b, blk.h, q_tile, k_tile);
     if (kind != TileKind::empty) AttendTile(c, blk, k_tile, kind, scratch);
   }
+  if (c.products == Products::amx) amx_end();
   Finalize(blk.q_count, p.value_dim, scratch.o, scratch.row_max, scratch.row_sum, scratch.poisoned,
            scratch.out, scratch.lse);
 }
@@ -344,10 +366,12 @@ void Scratch::reserve(int64_t head_dim, int64_t value_dim) {
   bits_.assign(kTileQ + kTileK, 0);
   allowed = bits_.data();
   const int64_t q_pairs_size = (d + 1) / 2 * kTileQ, p_pairs_size = kTileK / 2 * kTileQ;
-  pairs_.assign(q_pairs_size + p_pairs_size + kTileK / 2 * dv, 0);
+  const int64_t v_pairs_size = kTileK / 2 * dv, k_tail_size = 8 * d;  // 16 rows of D bf16
+  pairs_.assign(q_pairs_size + p_pairs_size + v_pairs_size + k_tail_size, 0);
   q_pairs = pairs_.data();
   p_pairs = q_pairs + q_pairs_size;
   v_pairs = p_pairs + p_pairs_size;
+  k_tail = reinterpret_cast<uint16_t*>(v_pairs + v_pairs_size);
 }
 
 }  // namespace maskattn::detail::fused

@@ -39,6 +39,7 @@ struct Scratch {
   uint32_t* q_pairs = nullptr;  // [D/2][kTileQ]     bf16 query pairs (bf16_dot.h)
   uint32_t* p_pairs = nullptr;  // [kTileK/2][kTileQ] bf16 weight pairs
   uint32_t* v_pairs = nullptr;  // [kTileK/2][Dv]    bf16 value pairs
+  uint16_t* k_tail = nullptr;   // [16][D]           bf16 keys of a tile's last rows (amx.h)
 
  private:
   int64_t head_dim_ = -1, value_dim_ = -1;
@@ -62,11 +63,14 @@ struct Context {
   // Partial tiles may run on their active rows only (tile_products-inl.h). Off together with
   // block skipping, so that tests compare the skipping kernel with the plain one bitwise.
   bool skip_hidden_rows = true;
-  // Q, K, V are bf16 with contiguous rows, D is even and the CPU has AVX512-BF16: the tile
-  // kernel's two products use vdpbf16ps (bf16_dot.h), P is rounded to bf16 for the second.
-  bool bf16_dot = false;
+  // The unit of the tile kernel's two products (cpu.h: tile_products). bf16_dot (vdpbf16ps,
+  // bf16_dot.h) and amx (amx.h) take bf16 Q, K, V with contiguous rows and round P to bf16 for
+  // the second product.
+  Products products = Products::f32;
   // With bf16_dot: V as pairs (V[2t][e], V[2t+1][e]), [B, Hkv, ⌈Lk/2⌉, Dv], packed once per call.
   const uint32_t* v_pairs = nullptr;
+  // With amx: Vᵀ per key tile, [B, Hkv, k_tiles, Dv, kTileK] bf16, packed once per call.
+  const uint16_t* v_transposed = nullptr;
 };
 
 // Queries [q_first, q_first + q_count) of (b, h), all in one kTileQ-aligned block (tile kernel),

@@ -20,6 +20,9 @@ struct Problem {
   const ResolvedMask* mask = nullptr;
   const ResolvedMods* mods = nullptr;
   int threads = 0;  // 0 = OpenMP default
+  // The product unit asked for (MASKATTN_PRODUCTS applied, checked against the CPU); the kernel
+  // picks the unit per call with maskattn::tile_products (cpu.h).
+  Products products = Products::automatic;
 
   // GQA/MQA: query heads [g·r, (g+1)·r) share kv head g, r = Hq / Hkv.
   int64_t kv_head(int64_t h) const { return h / (q_heads / kv_heads); }

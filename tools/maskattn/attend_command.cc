@@ -92,7 +92,7 @@ int run_attend(const AttendArgs& args) {
   require_same_layout({&q, &k, &v}, "q, k and v");
   const DType dtype = choose_dtype(args.dtype, {&q, &k, &v});
   const MaskSpecs specs = parse_mask_specs(args.masks, q.file_rank == 3);
-  const Options options = call_options(args.scale, args.threads, args.kernel);
+  const Options options = call_options(args.scale, args.threads, args.kernel, args.products);
   const ComputeInput q_in(q, dtype), k_in(k, dtype), v_in(v, dtype);
   const Computation c{q_in.view(), k_in.view(), v_in.view(), specs, options, dtype};
 

@@ -32,6 +32,14 @@ inline CLI::Option* add_kernel_option(CLI::App* command, std::string& kernel) {
       ->check(CLI::IsMember({"auto", "reference", "fused"}));
 }
 
+inline CLI::Option* add_products_option(CLI::App* command, std::string& products) {
+  return command
+      ->add_option("--products", products,
+                   "product unit for bf16: auto|f32|bf16-dot|amx (default: this CPU's fastest, "
+                   "see maskattn info)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16-dot", "amx"}));
+}
+
 // What the shared compute options say in --help where a command words them its own way.
 struct ComputeOptionHelp {
   std::string scale = "score scale (default 1/sqrt(D))";
@@ -52,6 +60,7 @@ void add_compute_options(CLI::App* command, Args& args, const ComputeOptionHelp&
   add_dtype_option(command, args.dtype, help.dtype);
   add_threads_option(command, args.threads);
   add_kernel_option(command, args.kernel);
+  add_products_option(command, args.products);
 }
 
 // The options of the commands that make their own random inputs (gradcheck, audit).

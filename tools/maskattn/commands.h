@@ -30,6 +30,7 @@ Command add_mask_command(CLI::App& app);
 Command add_audit_command(CLI::App& app);
 Command add_mha_command(CLI::App& app);
 Command add_demo_command(CLI::App& app);
+Command add_info_command(CLI::App& app);
 
 struct AttendArgs {
   std::string q, k, v, out;
@@ -39,6 +40,7 @@ struct AttendArgs {
   std::string dtype;         // "" = the files' dtype
   int threads = 0;
   std::string kernel = "auto";
+  std::string products = "auto";  // bf16 product unit (attention.h: Products)
   int repeat = 0;       // > 0: one warm-up, then `repeat` timed runs, timing printed on stderr
   bool report = false;  // print the numeric health report
   std::string heatmap;  // FILE.png|svg: the weights, one panel per (b, h); empty = none
@@ -54,6 +56,7 @@ struct GradArgs {
   std::string dtype;  // "" = the files' dtype
   int threads = 0;
   std::string kernel = "auto";
+  std::string products = "auto";  // bf16 product unit (attention.h: Products)
 };
 int run_grad(const GradArgs& args);
 
@@ -91,6 +94,7 @@ struct MhaArgs {
   std::string dtype;  // "" = the files' dtype
   int threads = 0;
   std::string kernel = "auto";
+  std::string products = "auto";  // bf16 product unit (attention.h: Products)
 };
 int run_mha(const MhaArgs& args);
 

@@ -27,7 +27,7 @@ int run_grad(const GradArgs& args) {
   require_same_layout({&q, &k, &v, &dout}, "q, k, v and dout");
   const DType dtype = choose_dtype(args.dtype, {&q, &k, &v, &dout});
   const MaskSpecs parsed = parse_mask_specs(args.masks, q.file_rank == 3);
-  const Options options = call_options(args.scale, args.threads, args.kernel);
+  const Options options = call_options(args.scale, args.threads, args.kernel, args.products);
 
   const ComputeInput q_in(q, dtype), k_in(k, dtype), v_in(v, dtype), dout_in(dout, dtype);
   // The backward needs the forward's O and LSE: computed here, not read from files. Shapes are

@@ -177,7 +177,7 @@ int run_mha(const MhaArgs& args) {
   if (cross) require_same_layout({&query, &key, &value}, "query, key and value");
   const DType dtype = choose_dtype(args.dtype, {&query, &key, &value});
   LayerOptions options;
-  options.attention = call_options(args.scale, args.threads, args.kernel);
+  options.attention = call_options(args.scale, args.threads, args.kernel, args.products);
   options.dtype = dtype;
 
   const int64_t batch = query.shape[0], length = query.shape[2];

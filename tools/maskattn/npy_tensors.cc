@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "maskattn/cpu.h"
 #include "maskattn/error.h"
 #include "maskattn/mask_spec.h"
 #include "maskattn/memory.h"
@@ -189,11 +190,13 @@ MaskSpecs parse_mask_specs(const std::vector<std::string>& specs, bool one_head_
   return parsed;
 }
 
-Options call_options(const std::optional<double>& scale, int threads, const std::string& kernel) {
+Options call_options(const std::optional<double>& scale, int threads, const std::string& kernel,
+                     const std::string& products) {
   Options options;
   options.scale = scale;
   options.threads = threads;
   options.kernel = kernel_named(kernel);
+  options.products = parse_products(products, "--products");
   return options;
 }
 

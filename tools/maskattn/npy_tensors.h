@@ -89,7 +89,8 @@ struct MaskSpecs {
 MaskSpecs parse_mask_specs(const std::vector<std::string>& specs, bool one_head_layout);
 
 // Options from the --scale, --threads and --kernel flags.
-Options call_options(const std::optional<double>& scale, int threads, const std::string& kernel);
+Options call_options(const std::optional<double>& scale, int threads, const std::string& kernel,
+                     const std::string& products = "auto");
 
 // A [B,H,L,W] result in the layout of the file `like` came from: [L,W], [B,L,W] or [B,H,L,W].
 Dims file_layout(const InputTensor& like, const Dims& shape);
