@@ -8,6 +8,8 @@
 #include <fstream>
 #include <set>
 
+#include "kernels/amx.h"
+#include "maskattn/cpu.h"
 #include "maskattn/gradcheck.h"
 #include "maskattn/multihead.h"
 #include "test_util.h"
@@ -962,6 +964,42 @@ TEST(Errors, E96_KeyBlockedValues) {
   expect_cli_error(files.attend("--mask key-blocked:" + blocked),
                    "holds 2 at flat index 1; key-blocked masks hold only 0 and 1 (1 = padding)",
                    files.dir.path("out.npy"));
+}
+
+TEST(Errors, E97_ProductUnitNames) {
+  EXPECT_MASKATTN_ERROR(parse_products("tensor-cores", "--products"),
+                        "--products = 'tensor-cores' is not a product unit",
+                        "use auto, f32, bf16-dot or amx");
+  setenv("MASKATTN_PRODUCTS", "avx", 1);
+  const std::vector<uint16_t> x(64, 0x3f80);  // bf16 1.0
+  std::vector<uint16_t> out(64);
+  const TensorView view(x.data(), DType::bf16, {1, 1, 8, 8});
+  EXPECT_MASKATTN_ERROR(
+      attention(view, view, view, MutableTensorView(out.data(), DType::bf16, {1, 1, 8, 8})),
+      "environment variable MASKATTN_PRODUCTS = 'avx' is not a product unit");
+  unsetenv("MASKATTN_PRODUCTS");
+  expect_cli_error("attend --products gpu --q a.npy --k a.npy --v a.npy --out o.npy",
+                   "--products: gpu not in {auto,f32,bf16-dot,amx}", "", 2);
+}
+
+TEST(Errors, E98_ForcedProductUnitMissing) {
+  const detail::fused::ScopedAmxRefusal refused;  // as on a CPU without AMX
+  const std::vector<uint16_t> x(64, 0x3f80);
+  std::vector<uint16_t> out(64);
+  const TensorView view(x.data(), DType::bf16, {1, 1, 8, 8});
+  Options options;
+  options.products = Products::amx;
+  EXPECT_MASKATTN_ERROR(
+      attention(view, view, view, MutableTensorView(out.data(), DType::bf16, {1, 1, 8, 8}), {}, {},
+                options),
+      "products = amx, but AMX-BF16 is not usable here", "maskattn info");
+  if (!cpu_report().avx512_bf16) {
+    options.products = Products::bf16_dot;
+    EXPECT_MASKATTN_ERROR(
+        attention(view, view, view, MutableTensorView(out.data(), DType::bf16, {1, 1, 8, 8}), {},
+                  {}, options),
+        "products = bf16-dot, but this CPU has no AVX512-BF16");
+  }
 }
 
 // ---- the document and the tests agree ------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "forward_rule.h"
+#include "kernels/amx.h"
 #include "maskattn/cpu.h"
 #include "maskattn/error.h"
 #include "test_util.h"
@@ -162,22 +163,17 @@ TEST(Products, NamesRoundTripAndUnknownNamesAreErrors) {
                         "auto, f32, bf16-dot or amx");
 }
 
-TEST(Products, ForcingAUnitTheCpuLacksIsAnError) {
+TEST(Products, RefusedTileStateFallsBackCleanly) {
+  // As when Linux refuses the tile state (or on a CPU without AMX): automatic takes the next
+  // unit, and the results still keep the rule.
+  const detail::fused::ScopedAmxRefusal refused;
   const CpuReport cpu = cpu_report();
-  const RandomProblem p(1, 1, 1, 70, 70, 64, 64, 3);
-  Options options;
-  if (!cpu.amx_permitted) {
-    options.products = Products::amx;
-    EXPECT_MASKATTN_ERROR(test::run(p, DType::bf16, Mask(), {}, options), "products = amx",
-                          "maskattn info");
-  }
-  if (!cpu.avx512_bf16) {
-    options.products = Products::bf16_dot;
-    EXPECT_MASKATTN_ERROR(test::run(p, DType::bf16, Mask(), {}, options), "products = bf16-dot",
-                          "AVX512-BF16");
-  }
-  if (cpu.amx_permitted && cpu.avx512_bf16) {
-    GTEST_SKIP() << "this CPU has every unit: no forcing error to provoke";
+  EXPECT_FALSE(cpu.amx_permitted);
+  EXPECT_NE(cpu.bf16, Products::amx);
+  EXPECT_NE(tile_products(DType::bf16, 64, 64, true), Products::amx);
+  const RandomProblem p(1, 2, 1, 130, 140, 64, 64, 12);
+  for (const Mask& mask : {Mask(), Mask().causal()}) {
+    test::expect_within_rule(p, DType::bf16, mask, "refused " + mask.describe());
   }
 }
 

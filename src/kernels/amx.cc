@@ -41,6 +41,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 
 #include "kernels/bf16_dot.h"
@@ -102,9 +103,20 @@ bool request_tile_permission() {
 
 }  // namespace
 
+namespace {
+std::atomic<int> refusals{0};  // live ScopedAmxRefusal objects
+}  // namespace
+
 bool amx_available() {
   static const bool available = cpu_has_amx() && bf16_dot_available() && request_tile_permission();
-  return available;
+  return available && refusals.load(std::memory_order_relaxed) == 0;
+}
+
+ScopedAmxRefusal::ScopedAmxRefusal() {
+  refusals.fetch_add(1);
+}
+ScopedAmxRefusal::~ScopedAmxRefusal() {
+  refusals.fetch_sub(1);
 }
 
 bool amx_fits(int64_t head_dim, int64_t value_dim) {
@@ -196,6 +208,7 @@ MASKATTN_AMX_TARGET void amx_scores(const uint16_t* k, int64_t k_stride, int64_t
   } else {
     scores_any(k, k_stride * 2, full_groups, tail_rows, dim, q_pairs, s);
   }
+  if (scale == 1.0f) return;
   const __m512 factor = _mm512_set1_ps(scale);
   const int64_t written = (full_groups + (left > 0 ? 1 : 0)) * kGroup;
   for (int64_t n = 0; n < written * kTileQ; n += 16) {
@@ -260,6 +273,87 @@ MASKATTN_AMX_TARGET void amx_accumulate(const uint16_t* vt, int64_t value_dim,
       _tile_stored(0, c, kRowBytes);
       _tile_stored(1, c + kGroup, kRowBytes);
     }
+  }
+}
+
+namespace {
+
+// k = 64, B-stationary (as the forward's products): the four B tiles of two 16-column blocks
+// (tiles 4–7) stay while the row groups pass through A (2, 3) and C (0, 1).
+MASKATTN_AMX_TARGET void product_k64(const uint16_t* a, int64_t a_bytes, const uint32_t* b,
+                                     int64_t b_stride, float* c, int64_t c_stride, int64_t m,
+                                     int64_t n, bool accumulate) {
+  const int64_t b_bytes = b_stride * 4, c_bytes = c_stride * 4;
+  for (int64_t col = 0; col < n; col += 2 * kGroup) {
+    _tile_loadd(4, b + col, b_bytes);
+    _tile_loadd(5, b + col + kGroup, b_bytes);
+    _tile_loadd(6, b + kGroup * b_stride + col, b_bytes);
+    _tile_loadd(7, b + kGroup * b_stride + col + kGroup, b_bytes);
+    for (int64_t row = 0; row < m; row += kGroup) {
+      const uint16_t* a0 = a + row * (a_bytes / 2);
+      float* c0 = c + row * c_stride + col;
+      if (accumulate) {
+        _tile_loadd(0, c0, c_bytes);
+        _tile_loadd(1, c0 + kGroup, c_bytes);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+      }
+      _tile_loadd(2, a0, a_bytes);
+      _tile_loadd(3, a0 + 32, a_bytes);
+      _tile_dpbf16ps(0, 2, 4);
+      _tile_dpbf16ps(1, 2, 5);
+      _tile_dpbf16ps(0, 3, 6);
+      _tile_dpbf16ps(1, 3, 7);
+      _tile_stored(0, c0, c_bytes);
+      _tile_stored(1, c0 + kGroup, c_bytes);
+    }
+  }
+}
+
+}  // namespace
+
+MASKATTN_AMX_TARGET void amx_product(const uint16_t* a, int64_t a_stride, const uint32_t* b,
+                                     int64_t b_stride, float* c, int64_t c_stride, int64_t m,
+                                     int64_t n, int64_t k, bool accumulate) {
+  if (k == 64 && n % (2 * kGroup) == 0) {
+    product_k64(a, a_stride * 2, b, b_stride, c, c_stride, m, n, accumulate);
+    return;
+  }
+  // Any k: two C tiles side by side (0, 1), one A (2), two B (4, 5), B reloaded per row group.
+  const int64_t a_bytes = a_stride * 2, b_bytes = b_stride * 4, c_bytes = c_stride * 4;
+  for (int64_t col = 0; col < n; col += 2 * kGroup) {
+    const bool two = col + kGroup < n;
+    for (int64_t row = 0; row < m; row += kGroup) {
+      float* c0 = c + row * c_stride + col;
+      if (accumulate) {
+        _tile_loadd(0, c0, c_bytes);
+        if (two) _tile_loadd(1, c0 + kGroup, c_bytes);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+      }
+      for (int64_t inner = 0; inner < k; inner += 32) {
+        const uint32_t* b0 = b + (inner / 2) * b_stride + col;
+        _tile_loadd(2, a + row * a_stride + inner, a_bytes);
+        _tile_loadd(4, b0, b_bytes);
+        _tile_dpbf16ps(0, 2, 4);
+        if (two) {
+          _tile_loadd(5, b0 + kGroup, b_bytes);
+          _tile_dpbf16ps(1, 2, 5);
+        }
+      }
+      _tile_stored(0, c0, c_bytes);
+      if (two) _tile_stored(1, c0 + kGroup, c_bytes);
+    }
+  }
+}
+
+MASKATTN_AMX_TARGET void amx_round_rows(const float* in, int64_t rows, uint16_t* out) {
+  for (int64_t n = 0; n < rows * 64; n += 32) {
+    const __m512bh halves =
+        _mm512_cvtne2ps_pbh(_mm512_loadu_ps(in + n + 16), _mm512_loadu_ps(in + n));
+    _mm512_storeu_si512(out + n, (__m512i)halves);
   }
 }
 

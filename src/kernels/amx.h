@@ -18,6 +18,16 @@ namespace maskattn::detail::fused {
 // this process the permission to use it (arch_prctl ARCH_REQ_XCOMP_PERM, asked once).
 bool amx_available();
 
+// For tests: while one lives, amx_available() answers as if Linux had refused the tile state, so
+// that the fallback and the error for a forced AMX run on any CPU.
+class ScopedAmxRefusal {
+ public:
+  ScopedAmxRefusal();
+  ~ScopedAmxRefusal();
+  ScopedAmxRefusal(const ScopedAmxRefusal&) = delete;
+  ScopedAmxRefusal& operator=(const ScopedAmxRefusal&) = delete;
+};
+
 // Shapes the AMX products take: D a multiple of 32 (a tile row is 32 bf16), Dv of 16.
 bool amx_fits(int64_t head_dim, int64_t value_dim);
 
@@ -27,9 +37,20 @@ void amx_begin();
 void amx_end();
 
 // s[j][i] = scale · Σ_d K[j][d]·Q[i][d] for j < rows ≤ kTileK; rows past `rows` up to the next
-// multiple of 16 are written too (with scores of zero keys). `tail` holds 16·dim bf16.
+// multiple of 16 are written too (with scores of zero keys). `tail` holds 16·dim bf16. A scale
+// of 1 skips the pass that applies it.
 void amx_scores(const uint16_t* k, int64_t k_stride, int64_t rows, int64_t dim,
                 const uint32_t* q_pairs, float scale, uint16_t* tail, float* s);
+
+// The online-softmax step on raw scores s[j][i] = Σ_d K[j][d]·Q[i][d] (amx_scores with scale 1),
+// the scale folded in (0 < scale ≤ 1), writing the weights as bf16 pairs into p_pairs (zero past
+// `rows`) instead of f32 into s: softmax-inl.h's rules, design in amx_softmax.cc.
+void amx_softmax_step(const float* s, int64_t rows, float scale, float* row_max, float* row_sum,
+                      float* alpha, float* poisoned, uint32_t* p_pairs);
+
+// The backward's P = exp(scale·S − LSE) in place on raw scores [q_count][64] (0 for rows with
+// LSE −inf and for −inf scores); amx_softmax.cc.
+void amx_backward_weights(float* s, const float* lse, int64_t q_count, float scale);
 
 // Vᵀ of one key tile: vt[e][j] = V[j][e] for j < rows ≤ kTileK, zero beyond. `pairs` is scratch
 // of kTileK/2 · Dv uint32.
@@ -40,5 +61,14 @@ void amx_pack_values(const uint16_t* v, int64_t v_stride, int64_t rows, int64_t 
 // tile's keys must be zero, as the packed Vᵀ is).
 void amx_accumulate(const uint16_t* vt, int64_t value_dim, const uint32_t* p_pairs,
                     const float* alpha, float* o);
+
+// The general product for the backward's five: C[m][n] (+)= Σ_k A[m][k]·B[k/2][n] with A bf16
+// rows (`a_stride` elements apart), B bf16 pairs (`b_stride` pairs apart), C f32 (`c_stride`
+// floats apart); m and n multiples of 16, k of 32. Within amx_begin()/amx_end().
+void amx_product(const uint16_t* a, int64_t a_stride, const uint32_t* b, int64_t b_stride, float* c,
+                 int64_t c_stride, int64_t m, int64_t n, int64_t k, bool accumulate);
+
+// out[r][x] = bf16(in[r][x]) for `rows` rows of 64 floats (round to nearest even).
+void amx_round_rows(const float* in, int64_t rows, uint16_t* out);
 
 }  // namespace maskattn::detail::fused

@@ -22,6 +22,7 @@
 #include "core/reused.h"
 #include "kernels/fused_backward_block.h"
 #include "kernels/fused_block.h"
+#include "maskattn/cpu.h"
 #include "maskattn/memory.h"
 
 namespace maskattn::detail::fused {
@@ -86,7 +87,8 @@ void require_backward_memory(const Problem& p, const TensorView& out, const Tens
       copy(p.q, padded(p.head_dim)) + copy(dout, padded(p.value_dim)) + copy(out, p.value_dim) +
       8.0 * rows + 4.0 * dq_rows * padded(p.head_dim) +
       4.0 * static_cast<double>(grads.dbias.is_null() ? 0 : grads.dbias.numel()) +
-      4.0 * T * (3.0 * p.head_dim + 3.0 * p.value_dim + 3 * T + 16) * thread_count(p);
+      4.0 * T * (3.0 * p.head_dim + 3.0 * p.value_dim + 3 * T + 16) * thread_count(p) +
+      2.0 * rows * (p.head_dim + p.value_dim);  // Qᵀ and dOᵀ tiles on AMX (bf16)
   require_memory(bytes, "attention_backward (fused kernel) for q " + p.q.shape_string() + ", k " +
                             p.k.shape_string());
 }
@@ -246,6 +248,24 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
     c.dbias = dbias.data();
   }
   const std::vector<BackwardItem> items = plan_items(p, blocks, with_dbias, c);
+
+  // ---- the product unit: AMX for bf16 where it fits (Qᵀ and dOᵀ packed per query tile) ----
+  const bool contiguous =
+      p.q.stride(3) == 1 && p.k.stride(3) == 1 && p.v.stride(3) == 1 && dout.stride(3) == 1;
+  c.amx = tile_products(p.q.dtype(), p.head_dim, p.value_dim, contiguous, p.products) ==
+              Products::amx &&
+          p.value_dim % 32 == 0;
+  if (c.amx) {
+    const int64_t q_tiles = (p.q_len + T - 1) / T;
+    std::vector<uint16_t>& packed = reused<uint16_t, Backward>();
+    packed.resize(p.batch * p.q_heads * q_tiles * T * (p.head_dim + p.value_dim));
+    transpose_row_tiles(p.q, packed.data(), threads);
+    uint16_t* dout_t = packed.data() + p.batch * p.q_heads * q_tiles * T * p.head_dim;
+    transpose_row_tiles(dout, dout_t, threads);
+    c.q_transposed = packed.data();
+    c.dout_transposed = dout_t;
+    c.dout_bf16 = dout;
+  }
 
   // ---- run; then dQ from its partials ----
   c.dq_width = padded(p.head_dim);

@@ -28,12 +28,15 @@
 
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "core/element.h"
+#include "kernels/amx.h"
+#include "kernels/bf16_dot.h"
 #include "kernels/convert-inl.h"
 #include "kernels/fused_backward_block.h"
 #include "kernels/fused_block.h"
@@ -205,33 +208,46 @@ void ScoreGradients(const BackwardContext& c, int64_t b, int64_t h, int64_t q_fi
   }
 }
 
-// One (query tile, key tile) pair of head h; the key tile is packed in the scratch.
+// A partial tile's mask as bit rows per query (bit j: key j allowed) in sc.bits; null for a
+// full tile.
+const uint64_t* TileRowBits(const BackwardContext& c, int64_t b, int64_t h, int64_t q_first,
+                            int64_t q_count, int64_t j0, int64_t rows, TileKind kind,
+                            BackwardScratch& sc) {
+  if (kind != TileKind::partial) return nullptr;
+  std::memset(sc.bits, 0, T * sizeof(uint64_t));
+  c.tile_masks->build(b, h, q_first, q_count, j0, rows, sc.bits);
+  transpose_bits(sc.bits);
+  return sc.bits;
+}
+
+// The tile pair's scores (in sc.s, scaled) become weights: modifiers, mask, P = exp(S − LSE).
+void ScoresToWeights(const BackwardContext& c, int64_t b, int64_t h, int64_t q_first,
+                     int64_t q_count, int64_t j0, int64_t rows, TileKind kind, bool guarded,
+                     BackwardScratch& sc) {
+  const Problem& p = *c.problem;
+  const uint64_t* row_bits = TileRowBits(c, b, h, q_first, q_count, j0, rows, kind, sc);
+  if (c.score_mods) {
+    const bool additive = p.mask->has_additive() && kind == TileKind::partial;
+    ApplyScoreMods(c, b, h, q_first, q_count, j0, rows, row_bits, additive, sc.s, sc.cap_grad);
+  }
+  if (row_bits != nullptr || rows < T) ApplyMask(row_bits, q_count, rows, sc.s);
+  Weights(c.lse + (b * p.q_heads + h) * p.q_len + q_first, q_count, !guarded, sc.s);
+}
+
+// One (query tile, key tile) pair of head h; the key tile is packed in the scratch. `guarded`:
+// the pair holds non-finite inputs, so the products skip zero weights.
 void TilePair(const BackwardContext& c, const BackwardItem& item, int64_t b, int64_t h,
-              int64_t q_tile, int64_t k_tile, TileKind kind, int64_t rows, bool kv_finite,
+              int64_t q_tile, int64_t k_tile, TileKind kind, int64_t rows, bool guarded,
               BackwardScratch& sc) {
   const Problem& p = *c.problem;
   const int64_t q_first = q_tile * T, q_count = std::min(T, p.q_len - q_first), j0 = k_tile * T;
   const float* q = c.q.row(b, h, q_first);
   const float* dout = c.dout.row(b, h, q_first);
   const int64_t row0 = (b * p.q_heads + h) * p.q_len + q_first;
-  const int64_t q_tiles = (p.q_len + T - 1) / T;
-  const bool guarded = !kv_finite || !c.q_tile_finite[(b * p.q_heads + h) * q_tiles + q_tile];
 
   // S = Q·(scale·K)ᵀ, then the modifiers and the mask, then P = exp(S − LSE).
   Product<Guard::none>(q, c.q.stride_l, 1, p.head_dim, sc.k_t, T, T, false, sc.s, T, q_count);
-  const uint64_t* row_bits = nullptr;
-  if (kind == TileKind::partial) {
-    std::memset(sc.bits, 0, T * sizeof(uint64_t));
-    c.tile_masks->build(b, h, q_first, q_count, j0, rows, sc.bits);
-    transpose_bits(sc.bits);
-    row_bits = sc.bits;
-  }
-  if (c.score_mods) {
-    const bool additive = p.mask->has_additive() && kind == TileKind::partial;
-    ApplyScoreMods(c, b, h, q_first, q_count, j0, rows, row_bits, additive, sc.s, sc.cap_grad);
-  }
-  if (row_bits != nullptr || rows < T) ApplyMask(row_bits, q_count, rows, sc.s);
-  Weights(c.lse + row0, q_count, !guarded, sc.s);
+  ScoresToWeights(c, b, h, q_first, q_count, j0, rows, kind, guarded, sc);
 
   // dP = dO·Vᵀ, then dS = P∘(dP − D).
   Product<Guard::none>(dout, c.dout.stride_l, 1, p.value_dim, sc.v_t, T, T, false, sc.ds, T,
@@ -247,6 +263,108 @@ void TilePair(const BackwardContext& c, const BackwardItem& item, int64_t b, int
               (((item.chunk * p.batch + b) * p.q_heads + h) * p.q_len + q_first) * c.dq_width;
   ProductGuarded(guarded, Guard::a, sc.ds, T, 1, rows, sc.k_source, sc.k_source_stride, c.dq_width,
                  true, dq, c.dq_width, q_count);
+}
+
+// ---- AMX products (bf16 inputs; amx.h) ----------------------------------------------------
+
+// The key tile's B operands for S, dP and dQ, and zeroed transposed dK/dV accumulators; starts
+// the tile state for the tile's pairs (amx_end after them).
+void PackKeyTileAmx(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, int64_t rows,
+                    BackwardScratch& sc) {
+  const Problem& p = *c.problem;
+  const auto* k = static_cast<const uint16_t*>(p.k.data()) + p.k.offset({b, g, j0, 0});
+  const auto* v = static_cast<const uint16_t*>(p.v.data()) + p.v.offset({b, g, j0, 0});
+  bf16_pack_queries(k, p.k.stride(2), rows, p.head_dim, sc.k_pairs);
+  bf16_pack_queries(v, p.v.stride(2), rows, p.value_dim, sc.v_pairs);
+  const int64_t filled = (rows + 1) / 2;
+  bf16_pack_values(k, p.k.stride(2), rows, p.head_dim, sc.k_vnni);
+  std::memset(sc.k_vnni + filled * p.head_dim, 0, (T / 2 - filled) * p.head_dim * 4);
+  std::memset(sc.dk_t, 0, p.head_dim * T * sizeof(float));
+  std::memset(sc.dv_t, 0, p.value_dim * T * sizeof(float));
+  amx_begin();
+}
+
+// rows[j][x] += t[x][j] for x < width, j < 64 (the transposed AMX accumulators into the rows).
+void AddTransposed(const float* t, int64_t width, float* rows, int64_t row_stride) {
+  for (int64_t x = 0; x < width; ++x) {
+    for (int64_t j = 0; j < T; ++j) rows[j * row_stride + x] += t[x * T + j];
+  }
+}
+
+// `count` bf16 rows of a [B, H, L, W] view from row i0 of (b, h): in place when there are 64 of
+// them, else copied into zero-padded scratch (a tile load reads 16 whole rows).
+const uint16_t* TileRowsBf16(const TensorView& t, int64_t b, int64_t h, int64_t i0, int64_t count,
+                             uint16_t* scratch, int64_t& stride) {
+  const auto* first = static_cast<const uint16_t*>(t.data()) + t.offset({b, h, i0, 0});
+  const int64_t width = t.size(3);
+  if (count == T) {
+    stride = t.stride(2);
+    return first;
+  }
+  std::memset(scratch, 0, T * width * sizeof(uint16_t));
+  for (int64_t i = 0; i < count; ++i) {
+    std::memcpy(scratch + i * width, first + i * t.stride(2), width * sizeof(uint16_t));
+  }
+  stride = width;
+  return scratch;
+}
+
+void ScaleRows(float scale, int64_t rows, float* HWY_RESTRICT s) {
+  const DF df;
+  const VF factor = hn::Set(df, scale);
+  for (int64_t n = 0; n < rows * T; n += static_cast<int64_t>(hn::Lanes(df))) {
+    hn::StoreU(hn::Mul(factor, hn::LoadU(df, s + n)), df, s + n);
+  }
+}
+
+// TilePair with the five products on AMX tiles: P and dS are rounded to bf16 for the last three.
+void TilePairAmx(const BackwardContext& c, const BackwardItem& item, int64_t b, int64_t h,
+                 int64_t q_tile, int64_t k_tile, TileKind kind, int64_t rows, BackwardScratch& sc) {
+  const Problem& p = *c.problem;
+  const int64_t q_first = q_tile * T, q_count = std::min(T, p.q_len - q_first), j0 = k_tile * T;
+  const int64_t dim = p.head_dim, value_dim = p.value_dim, q_tiles = (p.q_len + T - 1) / T;
+  const int64_t row0 = (b * p.q_heads + h) * p.q_len + q_first;
+  int64_t q_stride = 0;
+  const uint16_t* q = TileRowsBf16(p.q, b, h, q_first, q_count, sc.a_rows, q_stride);
+  amx_product(q, q_stride, sc.k_pairs, T, sc.s, T, T, T, dim, false);
+  if (c.score_mods) {  // the modifiers see scaled scores
+    ScaleRows(static_cast<float>(p.scale), q_count, sc.s);
+    ScoresToWeights(c, b, h, q_first, q_count, j0, rows, kind, false, sc);
+  } else {  // the scale folds into the exp (amx_softmax.cc), after the mask's −inf
+    const uint64_t* row_bits = TileRowBits(c, b, h, q_first, q_count, j0, rows, kind, sc);
+    if (row_bits != nullptr || rows < T) ApplyMask(row_bits, q_count, rows, sc.s);
+    amx_backward_weights(sc.s, c.lse + row0, q_count, static_cast<float>(p.scale));
+  }
+
+  int64_t dout_stride = 0;
+  const uint16_t* dout = TileRowsBf16(c.dout_bf16, b, h, q_first, q_count, sc.a_rows, dout_stride);
+  amx_product(dout, dout_stride, sc.v_pairs, T, sc.ds, T, T, T, value_dim, false);
+  ScoreGradients(c, b, h, q_first, q_count, j0, rows, sc.s, c.delta + row0, sc.cap_grad, sc.ds);
+
+  // P and dS as pairs of query rows (zero past q_count) and dS as bf16 rows.
+  const int64_t filled = (q_count + 1) / 2;
+  bf16_pack_weights(sc.s, q_count, sc.p_pairs);
+  bf16_pack_weights(sc.ds, q_count, sc.ds_pairs);
+  std::memset(sc.p_pairs + filled * T, 0, (T / 2 - filled) * T * 4);
+  std::memset(sc.ds_pairs + filled * T, 0, (T / 2 - filled) * T * 4);
+  amx_round_rows(sc.ds, T, sc.ds_rows);
+
+  // dVᵀ += dOᵀ·P   dKᵀ += Qᵀ·dS   dQ_tile = dS·K
+  const int64_t tile = (b * p.q_heads + h) * q_tiles + q_tile;
+  amx_product(c.dout_transposed + tile * value_dim * T, T, sc.p_pairs, T, sc.dv_t, T, value_dim, T,
+              T, true);
+  amx_product(c.q_transposed + tile * dim * T, T, sc.ds_pairs, T, sc.dk_t, T, dim, T, T, true);
+  float* dq = c.dq_partial +
+              (((item.chunk * p.batch + b) * p.q_heads + h) * p.q_len + q_first) * c.dq_width;
+  if (q_count == T) {  // straight into the partial's rows
+    amx_product(sc.ds_rows, T, sc.k_vnni, dim, dq, c.dq_width, T, dim, T, true);
+    return;
+  }
+  // A short tile: its rows past q_count are not this head's, so the tile goes through scratch.
+  amx_product(sc.ds_rows, T, sc.k_vnni, dim, sc.dq_tile, dim, T, dim, T, false);
+  for (int64_t i = 0; i < q_count; ++i) {
+    for (int64_t d = 0; d < dim; ++d) dq[i * c.dq_width + d] += sc.dq_tile[i * dim + d];
+  }
 }
 
 RowDelta RowDeltaImpl(const float* dout, const float* o, int64_t value_dim, const float* q,
@@ -278,12 +396,24 @@ void BackwardItemImpl(const BackwardContext& c, const BackwardItem& item, Backwa
         const bool kv_finite = PackKeyTile(c, b, g, j0, rows, sc);
         std::memset(sc.dk, 0, T * c.dq_width * sizeof(float));
         std::memset(sc.dv, 0, T * c.dv_width * sizeof(float));
+        if (c.amx) PackKeyTileAmx(c, b, g, j0, rows, sc);
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {
           for (int64_t q_tile = 0; q_tile < q_tiles; ++q_tile) {
             const TileKind kind = c.blocks->kind(b, h, q_tile, k_tile);
             if (kind == TileKind::empty) continue;
-            TilePair(c, item, b, h, q_tile, k_tile, kind, rows, kv_finite, sc);
+            const bool guarded =
+                !kv_finite || !c.q_tile_finite[(b * p.q_heads + h) * q_tiles + q_tile];
+            if (c.amx && !guarded) {
+              TilePairAmx(c, item, b, h, q_tile, k_tile, kind, rows, sc);
+            } else {
+              TilePair(c, item, b, h, q_tile, k_tile, kind, rows, guarded, sc);
+            }
           }
+        }
+        if (c.amx) {
+          amx_end();
+          AddTransposed(sc.dk_t, p.head_dim, sc.dk, c.dq_width);
+          AddTransposed(sc.dv_t, p.value_dim, sc.dv, c.dv_width);
         }
         StoreKeyTile(c, b, g, j0, rows, sc);
       }
@@ -324,6 +454,24 @@ void transpose_bits(uint64_t* bits) {
   }
 }
 
+void transpose_row_tiles(const TensorView& t, uint16_t* out, int threads) {
+  constexpr int64_t T = kBackwardTile;
+  const int64_t heads = t.size(0) * t.size(1), len = t.size(2), width = t.size(3);
+  const int64_t tiles = (len + T - 1) / T;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<uint32_t> pairs(T / 2 * width);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < heads * tiles; ++n) {
+      const int64_t bh = n / tiles, i0 = n % tiles * T;
+      const auto* rows = static_cast<const uint16_t*>(t.data()) +
+                         t.offset({bh / t.size(1), bh % t.size(1), i0, 0});
+      amx_pack_values(rows, t.stride(2), std::min(T, len - i0), width, pairs.data(),
+                      out + n * width * T);
+    }
+  }
+}
+
 void BackwardScratch::reserve(int64_t head_dim, int64_t value_dim) {
   if (head_dim <= head_dim_ && value_dim <= value_dim_) return;
   head_dim_ = std::max(head_dim, head_dim_);
@@ -338,9 +486,29 @@ void BackwardScratch::reserve(int64_t head_dim, int64_t value_dim) {
                            {&cap_grad, T * T},
                            {&dk, T * d_padded},
                            {&dv, T * e_padded},
-                           {&row, std::max(d_padded, e_padded)}});
+                           {&row, std::max(d_padded, e_padded)},
+                           {&dk_t, d * T},
+                           {&dv_t, e * T},
+                           {&dq_tile, T * d}});
   bits_.assign(2 * T, 0);
   bits = bits_.data();
+  // The AMX operands, each followed by a spare cache line (scratch_arena.h: 4K aliasing).
+  const int64_t wide = std::max(d, e), pairs = T / 2 * T + 16;
+  const int64_t sizes[] = {
+      (d + 1) / 2 * T + 16, (e + 1) / 2 * T + 16, T / 2 * d + 16,   pairs, pairs,
+      T * T / 2 + 16,       T * wide / 2 + 16,    T / 2 * wide + 16};
+  int64_t total = 16;
+  for (const int64_t size : sizes) total += size;
+  words_.assign(total, 0);
+  uint32_t* next = words_.data() + 16;
+  uint32_t** pieces[] = {&k_pairs,  &v_pairs, &k_vnni, &p_pairs,
+                         &ds_pairs, nullptr,  nullptr, &pack_pairs};
+  for (int n = 0; n < 8; ++n) {
+    if (n == 5) ds_rows = reinterpret_cast<uint16_t*>(next);
+    if (n == 6) a_rows = reinterpret_cast<uint16_t*>(next);
+    if (pieces[n] != nullptr) *pieces[n] = next;
+    next += sizes[n];
+  }
 }
 
 }  // namespace maskattn::detail::fused

@@ -251,6 +251,22 @@ void TileScoreMods(const Context& c, const Block& blk, int64_t j0, int64_t rows,
   ApplyScoreChainToTile(*c.problem->mods, *c.problem->mask, tile, s);
 }
 
+// One key tile on AMX with nothing between the products but the mask: raw scores, the mask, the
+// softmax step with the scale folded in and P written as bf16 pairs (amx_softmax.cc), O += P·V.
+void AttendTileAmx(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
+                   const uint64_t* allowed, Scratch& scratch) {
+  const Problem& p = *c.problem;
+  amx_scores(static_cast<const uint16_t*>(p.k.data()) + p.k.offset({blk.b, g, j0, 0}),
+             p.k.stride(2), rows, p.head_dim, scratch.q_pairs, 1.0f, scratch.k_tail, scratch.s);
+  if (allowed != nullptr) ApplyMask(allowed, AllRows(rows), scratch.s);
+  amx_softmax_step(scratch.s, rows, static_cast<float>(p.scale), scratch.row_max, scratch.row_sum,
+                   scratch.alpha, scratch.poisoned, scratch.p_pairs);
+  const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
+  const uint16_t* vt =
+      c.v_transposed + ((blk.b * p.kv_heads + g) * k_tiles + j0 / kTileK) * p.value_dim * kTileK;
+  amx_accumulate(vt, p.value_dim, scratch.p_pairs, scratch.alpha, scratch.o);
+}
+
 // One key tile of a block: scores, modifiers, mask, one online-softmax step, O += P·V. A partial
 // tile whose allowed pairs leave lane blocks empty on some rows (tile_products-inl.h) runs on the
 // active rows alone when that saves at least a quarter of the work (f32 products only).
@@ -270,6 +286,11 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
       active_rows = FindActiveRows(allowed, rows);
       if (4 * active_rows.rows <= 3 * kLaneBlocks * rows) active = &active_rows;
     }
+  }
+  if (c.products == Products::amx && !c.score_mods && p.scale > 0 && p.scale <= 1 &&
+      ValueTileFinite(c, blk.b, g, k_tile, j0, rows, scratch.v)) {
+    AttendTileAmx(c, blk, g, j0, rows, allowed, scratch);
+    return;
   }
   TileScores(c, blk, g, j0, rows, active, scratch);
   if (c.score_mods) {
@@ -365,10 +386,11 @@ void Scratch::reserve(int64_t head_dim, int64_t value_dim) {
                            {&poisoned, kTileQ}});
   bits_.assign(kTileQ + kTileK, 0);
   allowed = bits_.data();
-  const int64_t q_pairs_size = (d + 1) / 2 * kTileQ, p_pairs_size = kTileK / 2 * kTileQ;
-  const int64_t v_pairs_size = kTileK / 2 * dv, k_tail_size = 8 * d;  // 16 rows of D bf16
-  pairs_.assign(q_pairs_size + p_pairs_size + v_pairs_size + k_tail_size, 0);
-  q_pairs = pairs_.data();
+  // Each piece padded by a cache line and then some (scratch_arena.h: 4K aliasing).
+  const int64_t q_pairs_size = (d + 1) / 2 * kTileQ + 16, p_pairs_size = kTileK / 2 * kTileQ + 32;
+  const int64_t v_pairs_size = kTileK / 2 * dv + 48, k_tail_size = 8 * d;  // 16 rows of D bf16
+  pairs_.assign(16 + q_pairs_size + p_pairs_size + v_pairs_size + k_tail_size, 0);
+  q_pairs = pairs_.data() + 16;
   p_pairs = q_pairs + q_pairs_size;
   v_pairs = p_pairs + p_pairs_size;
   k_tail = reinterpret_cast<uint16_t*>(v_pairs + v_pairs_size);
