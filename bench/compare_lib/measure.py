@@ -110,9 +110,11 @@ def install_torch():
 class ProductPaths:
     """The product unit a run of ours used: the "path" column. `maskattn info` says which unit
     the tile kernel's bf16 products take here, automatically or as MASKATTN_PRODUCTS forces it;
-    the rest mirrors the library: the reference kernel computes in f64, attention_backward in
-    f32 (16-bit inputs converted once), decoding (Lq ≤ 8, src/kernels/fused.cc kRowModeQueries)
-    runs the row kernel, f32 arithmetic on its inputs as stored, and f32/f16 tiles take f32."""
+    the rest mirrors the library (update it with the kernels): the reference kernel computes in
+    f64; decoding (Lq ≤ 8, src/kernels/fused.cc kRowModeQueries) runs the row kernel, f32
+    arithmetic on its inputs as stored; f32/f16 tiles take f32; attention_backward takes AMX
+    where the forward's tiles would (and Dv is a multiple of 32: always here, D = Dv = 64), else
+    f32 products (it has no vdpbf16ps path; src/kernels/fused_backward.cc)."""
     ROW_KERNEL_QUERIES = 8
 
     def __init__(self, build):
@@ -134,11 +136,12 @@ class ProductPaths:
     def path(self, kernel, pass_, lq, dtype, products):
         if kernel == "reference":
             return "f64"
+        unit = self.tile_units(products).get(dtype, "?")
         if pass_ == "backward":
-            return "f32"
+            return "amx" if unit == "amx" else "f32"
         if lq <= self.ROW_KERNEL_QUERIES:
             return "rows"
-        return self.tile_units(products).get(dtype, "?")
+        return unit
 
 
 class Bench:
