@@ -1,8 +1,10 @@
 """Running things for bench/compare: the machine's peaks, our cases, PyTorch's cases."""
 import os
 import re
+import resource
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # PyTorch's best footing (docs/benchmarks.md, Method): a huge-page, memory-retaining allocator and
@@ -222,3 +224,33 @@ def gflops(row, pairs):
     dV, dK, dQ) count 2·(3D + 2Dv), 2.5× that, and a forward+backward step 3.5×."""
     factor = {"backward": 2.5, "forward+backward": 3.5}.get(row["pass"], 1.0)
     return factor * pairs * 2 * (row["dim"] + row["dim"]) / (row["ms"] * 1e6)
+
+
+class OtherLoad:
+    """How much of the CPUs went to anything but this run since `start`: all busy time
+    (/proc/stat) less this process's and its finished children's (getrusage), over the wall time
+    and the cores, plus the hypervisor's steal. On a 2-core VM shared with builds and test
+    suites, a run with others at more than a few per cent has timings and peaks to distrust."""
+
+    def __init__(self):
+        self.start = self.sample()
+
+    @staticmethod
+    def sample():
+        with open("/proc/stat") as stat:
+            ticks = [int(x) for x in stat.readline().split()[1:9]]
+        user, nice, system, idle, iowait, irq, softirq, steal = ticks
+        ours = sum(getattr(resource.getrusage(who), field)
+                   for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                   for field in ("ru_utime", "ru_stime"))
+        hz = os.sysconf("SC_CLK_TCK")
+        return {"wall": time.monotonic(), "busy": (user + nice + system + irq + softirq) / hz,
+                "steal": steal / hz, "ours": ours}
+
+    def shares(self):
+        """(others, steal): fractions of wall time × cores since the start."""
+        now = self.sample()
+        capacity = (now["wall"] - self.start["wall"]) * os.cpu_count()
+        others = (now["busy"] - self.start["busy"]) - (now["ours"] - self.start["ours"])
+        return (max(0.0, others / capacity) if capacity > 0 else 0.0,
+                (now["steal"] - self.start["steal"]) / capacity if capacity > 0 else 0.0)

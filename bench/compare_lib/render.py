@@ -53,7 +53,15 @@ def machine_line(results):
         + "".join(f"; {text}" for text in units)
         + f"; STREAM triad {per_threads(results['triad'], 'GB/s')}; read "
         f"{per_threads(results['read'], 'GB/s')}. Peer: {peer_text(results)}. Run "
-        f"{results['date']}: `{results['command']}`.")
+        f"{results['date']}: `{results['command']}`" + load_text(results) + ".")
+
+
+def load_text(results):
+    """The share of the CPUs other processes took during the run (measured since 2026-12-01)."""
+    if "others_busy" not in results:
+        return ""
+    return (f"; other processes used {100 * results['others_busy']:.0f} % of the CPUs during "
+            f"the run (hypervisor steal {100 * results['steal']:.0f} %)")
 
 
 def main_table(results):
