@@ -8,7 +8,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # PyTorch's best footing (docs/benchmarks.md, Method): a huge-page, memory-retaining allocator and
-# worker threads that sleep between parallel regions instead of spinning against ours.
+# worker threads that sleep between parallel regions. PASSIVE was the best wait policy for 1.13's
+# OpenBLAS path; for 2.x's SDPA (flash bf16 dense/causal N=4096, forward+backward and f32 N=2048,
+# decoding) PASSIVE and libgomp's default were within run-to-run noise, each ahead on three of six
+# cases (5 round-robin rounds on the quiet Xeon VM, 2026-12-01), so it stays.
 TORCH_ENV = {
     "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:"
                       "glibc.malloc.trim_threshold=4294967296",
