@@ -1,10 +1,16 @@
 // The machine's limits that the benchmark targets are stated against, measured in the same run:
 //  - f32 FMA peak, with the same runtime dispatch as the kernels: 16 independent accumulator chains
-//    (2 FMA ports × 4-cycle latency need at least 8 in flight);
+//    (2 FMA ports × 4-cycle latency need at least 8 in flight), the best of 5 trials;
+//  - the matrix units bf16 inputs can use, each where CPUID, XCR0 and (AMX) Linux allow it, the
+//    median of 5 trials after a warm-up, operands held in registers or tiles:
+//    AMX tdpbf16ps (16384 flop per instruction, 4 accumulator tiles, random non-zero bf16 data)
+//    and AVX512-BF16 vdpbf16ps on zmm (64 flop per instruction, 16 accumulators);
 //  - memory bandwidth: STREAM triad a = b + s·c over 3 × 256 MiB (3 arrays counted, as STREAM),
 //    and the pure read bandwidth (a sum over the same 768 MiB).
 // On 1 thread and on all threads. Prints lines such as
 //   fma_peak target=AVX3 lanes=16 threads=2 gflops=519.7
+//   amx_peak threads=2 gflops=4321.0        (or: amx_peak unavailable reason=cpuid-lacks-amx-…)
+//   bf16_dot_peak threads=2 gflops=139.0    (or: bf16_dot_peak unavailable reason=…)
 //   triad threads=2 gbs=69.1
 //   read threads=2 gbs=70.2
 #undef HWY_TARGET_INCLUDE
@@ -17,8 +23,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <random>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace fma_peak {
@@ -90,12 +106,40 @@ HWY_EXPORT(Triad);
 HWY_EXPORT(Read);
 }  // namespace fma_peak
 
-int main() {
+namespace {
+
+// 1, 2, 4, … threads up to and always including `max_threads`.
+std::vector<int> ThreadCounts(int max_threads) {
+  std::vector<int> counts;
+  for (int threads = 1; threads < max_threads; threads *= 2) counts.push_back(threads);
+  counts.push_back(max_threads);
+  return counts;
+}
+
+// Runs `body` on `threads` threads once untimed (the AMX unit in particular powers up on first
+// use), then `trials` times timed; the median wall time in seconds. The median rather than the
+// best: on the shared Xeon VM the AMX rate was seen to drop to half for seconds at a time (from
+// outside the VM, probably a neighbour on the same cores), and a typical trial describes what a
+// benchmark run meets better than the luckiest one.
+template <typename Body>
+double MedianSeconds(int threads, int trials, const Body& body) {
+  std::vector<double> seconds;
+  for (int trial = -1; trial < trials; ++trial) {
+    const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads)
+    body(omp_get_thread_num());
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (trial >= 0) seconds.push_back(elapsed);
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+void FmaPeak(int max_threads) {
   constexpr int64_t kIterations = 20'000'000;
   const size_t lanes = HWY_DYNAMIC_DISPATCH(fma_peak::Lanes)();
-  const int max_threads = omp_get_max_threads();
-  for (int threads = 1; threads <= max_threads;
-       threads = threads == max_threads ? threads + 1 : std::min(threads * 2, max_threads)) {
+  for (const int threads : ThreadCounts(max_threads)) {
     double best = 0;
     for (int trial = 0; trial < 5; ++trial) {
       std::vector<float> sink(threads);
@@ -111,6 +155,194 @@ int main() {
     std::printf("fma_peak target=%s lanes=%zu threads=%d gflops=%.1f\n",
                 HWY_DYNAMIC_DISPATCH(fma_peak::Target)(), lanes, threads, best);
   }
+}
+
+// ---- Matrix units: AMX tdpbf16ps and AVX512-BF16 vdpbf16ps. Compiled for their instruction sets
+// with target attributes and entered only after CPUID, XCR0 and (AMX) the kernel agree, so that
+// the binary still runs on a CPU without them and prints why they were not measured.
+
+#if defined(__x86_64__)
+struct CpuidRegisters {
+  uint32_t eax = 0, ebx = 0, ecx = 0, edx = 0;
+};
+
+CpuidRegisters Cpuid(uint32_t leaf, uint32_t subleaf) {
+  CpuidRegisters r;
+  // Zeros when the CPU's highest leaf is below `leaf`, which reads as "feature absent".
+  if (!__get_cpuid_count(leaf, subleaf, &r.eax, &r.ebx, &r.ecx, &r.edx)) return {};
+  return r;
+}
+
+// The state components the OS saves on context switches (XCR0); zero when XGETBV would fault
+// (no OSXSAVE), so every state then reads as disabled.
+uint64_t EnabledStates() {
+  if (!(Cpuid(1, 0).ecx & (1u << 27))) return 0;
+  uint32_t low = 0, high = 0;
+  asm volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
+  return (uint64_t{high} << 32) | low;
+}
+
+// Why AMX bf16 cannot run in this process, or nullptr when it can (the permission is then held).
+const char* AmxUnavailable() {
+  const CpuidRegisters leaf7 = Cpuid(7, 0);
+  if (!(leaf7.edx & (1u << 24)) || !(leaf7.edx & (1u << 22))) return "cpuid-lacks-amx-tile-bf16";
+  // Bits 17 (XTILECFG) and 18 (XTILEDATA): the OS must save the tile state.
+  if ((EnabledStates() & 0x60000) != 0x60000) return "xcr0-tile-state-disabled";
+  // Linux ≥ 5.16 hands out the 8 KiB tile state per process on request; without it the first
+  // tile instruction raises SIGILL. ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18.
+  if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) return "arch_prctl-xtiledata-denied";
+  return nullptr;
+}
+
+// vdpbf16ps on zmm registers: AVX512-BF16 in CPUID and the AVX-512 state (XCR0 bits 1, 2, 5–7).
+const char* Bf16DotUnavailable() {
+  if (!(Cpuid(7, 1).eax & (1u << 5))) return "cpuid-lacks-avx512-bf16";
+  if ((EnabledStates() & 0xe6) != 0xe6) return "xcr0-avx512-state-disabled";
+  return nullptr;
+}
+
+// Palette 1 with all 8 tiles at their largest, 16 rows × 64 bytes: a tile holds 16×16 f32 or
+// 16 rows of 32 bf16 (16 pairs in VNNI order, what tdpbf16ps's B operand takes).
+struct alignas(64) TileConfig {
+  uint8_t palette = 0, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+constexpr TileConfig FullTiles() {
+  TileConfig config;
+  config.palette = 1;
+  for (int tile = 0; tile < 8; ++tile) {
+    config.rows[tile] = 16;
+    config.bytes_per_row[tile] = 64;
+  }
+  return config;
+}
+// A static handed to ldtilecfg as a memory operand: GCC 12 treats the stores into a local config
+// passed to _tile_loadconfig as dead, loads a zeroed palette and the first tile instruction faults.
+const TileConfig kFullTiles = FullTiles();
+
+constexpr int64_t kTileElements = 16 * 32;  // bf16 per 16 × 64-byte tile
+
+// `iterations` × 4 tdpbf16ps into 4 accumulator tiles (C0..C3 += A0|A1 · B0|B1), operands kept in
+// tiles so that only the unit's rate is measured. Each instruction is 16·16·32·2 = 16384 flop.
+// Returns a sum of the accumulators so that the work has a visible result.
+__attribute__((target("amx-tile,amx-bf16"))) float AmxLoop(int64_t iterations, const uint16_t* a,
+                                                           const uint16_t* b) {
+  asm volatile("ldtilecfg %0" ::"m"(kFullTiles));
+  // The tile loads read memory through a register operand the compiler cannot see: make the
+  // caller's stores into a and b happen first.
+  asm volatile("" ::: "memory");
+  _tile_loadd(4, a, 64);
+  _tile_loadd(5, a + kTileElements, 64);
+  _tile_loadd(6, b, 64);
+  _tile_loadd(7, b + kTileElements, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t it = 0; it < iterations; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float c[4][256];
+  _tile_stored(0, c[0], 64);
+  _tile_stored(1, c[1], 64);
+  _tile_stored(2, c[2], 64);
+  _tile_stored(3, c[3], 64);
+  _tile_release();
+  float sum = 0;
+  for (const auto& tile : c) sum += tile[0] + tile[255];
+  return sum;
+}
+
+// 16 independent vdpbf16ps chains (latency ≈ 8 cycles × up to 2 per cycle), 64 flop each: every
+// one of the 16 lanes sums two bf16 products into f32.
+__attribute__((target("avx512f,avx512bf16"))) float Bf16DotLoop(int64_t iterations, float seed) {
+  __m512 acc[16];
+  for (int n = 0; n < 16; ++n) acc[n] = _mm512_set1_ps(seed + 0.001f * n);
+  const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(-2e-3f));
+  const __m512bh y = _mm512_cvtne2ps_pbh(_mm512_set1_ps(3e-3f), _mm512_set1_ps(1e-3f));
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int n = 0; n < 16; ++n) acc[n] = _mm512_dpbf16_ps(acc[n], x, y);
+  }
+  __m512 sum = acc[0];
+  for (int n = 1; n < 16; ++n) sum = _mm512_add_ps(sum, acc[n]);
+  // Stored and summed by hand: GCC 12's _mm512_reduce_add_ps trips -Wuninitialized in its header.
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  return lanes[0] + lanes[15];
+}
+
+// bf16 bits of random values of magnitude [0.5, 2) and random sign: never zero, because the AMX
+// unit runs measurably faster on zero tiles than on real data.
+void RandomBf16(uint16_t* out, int64_t count, uint32_t seed) {
+  std::mt19937 generator(seed);
+  std::uniform_real_distribution<float> magnitude(0.5f, 2.0f);
+  for (int64_t i = 0; i < count; ++i) {
+    const float value = generator() & 1 ? magnitude(generator) : -magnitude(generator);
+    uint32_t bits = 0;
+    std::memcpy(&bits, &value, sizeof bits);
+    out[i] = static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);  // to nearest
+  }
+}
+#endif  // __x86_64__
+
+// Prints `amx_peak threads=T gflops=G` per thread count, or `amx_peak unavailable reason=R`.
+void AmxPeak(int max_threads) {
+#if defined(__x86_64__)
+  if (const char* reason = AmxUnavailable()) {
+    std::printf("amx_peak unavailable reason=%s\n", reason);
+    return;
+  }
+  constexpr int64_t kIterations = 2'000'000;  // ≈ 60 ms per thread at 2.2 TF/s
+  for (const int threads : ThreadCounts(max_threads)) {
+    std::vector<float> sink(threads);
+    const double seconds = MedianSeconds(threads, 5, [&](int thread) {
+      // Each thread configures its own tiles (the configuration is per thread) with its own data.
+      alignas(64) uint16_t a[2 * kTileElements], b[2 * kTileElements];
+      RandomBf16(a, 2 * kTileElements, 1 + 2 * thread);
+      RandomBf16(b, 2 * kTileElements, 2 + 2 * thread);
+      sink[thread] = AmxLoop(kIterations, a, b);
+    });
+    const double flops = 4.0 * 16 * 16 * 32 * 2 * kIterations * threads;
+    std::printf("amx_peak threads=%d gflops=%.1f\n", threads, flops / seconds * 1e-9);
+    if (sink[0] == 12345.0f) std::printf("!");
+  }
+#else
+  (void)max_threads;
+  std::printf("amx_peak unavailable reason=not-x86-64\n");
+#endif
+}
+
+// Prints `bf16_dot_peak threads=T gflops=G` per thread count, or `… unavailable reason=R`.
+void Bf16DotPeak(int max_threads) {
+#if defined(__x86_64__)
+  if (const char* reason = Bf16DotUnavailable()) {
+    std::printf("bf16_dot_peak unavailable reason=%s\n", reason);
+    return;
+  }
+  constexpr int64_t kIterations = 5'000'000;  // ≈ 65 ms per thread at 78 GF/s
+  for (const int threads : ThreadCounts(max_threads)) {
+    std::vector<float> sink(threads);
+    const double seconds = MedianSeconds(
+        threads, 5, [&](int thread) { sink[thread] = Bf16DotLoop(kIterations, 0.5f); });
+    const double flops = 16.0 * 64 * kIterations * threads;
+    std::printf("bf16_dot_peak threads=%d gflops=%.1f\n", threads, flops / seconds * 1e-9);
+    if (sink[0] == 12345.0f) std::printf("!");
+  }
+#else
+  (void)max_threads;
+  std::printf("bf16_dot_peak unavailable reason=not-x86-64\n");
+#endif
+}
+
+// STREAM triad and the read pass (see the top of this file).
+void Bandwidth(int max_threads) {
   // STREAM triad; arrays first touched by the threads that use them.
   const int64_t n = int64_t{64} << 20;  // 256 MiB per array
   const hwy::AlignedFreeUniquePtr<float[]> a_memory = hwy::AllocateAligned<float>(n);
@@ -119,8 +351,7 @@ int main() {
   float* a = a_memory.get();
   float* b = b_memory.get();
   float* c = c_memory.get();
-  for (int threads = 1; threads <= max_threads;
-       threads = threads == max_threads ? threads + 1 : std::min(threads * 2, max_threads)) {
+  for (const int threads : ThreadCounts(max_threads)) {
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t i = 0; i < n; ++i) {
       a[i] = 0.0f;
@@ -168,6 +399,17 @@ int main() {
     std::printf("read threads=%d gbs=%.1f\n", threads, best_read);
     if (a[n / 2] != 7.0f) std::printf("!");
   }
+}
+
+}  // namespace
+
+int main() {
+  const int max_threads = omp_get_max_threads();
+  FmaPeak(max_threads);
+  AmxPeak(max_threads);
+  Bf16DotPeak(max_threads);
+  Bandwidth(max_threads);
   return 0;
 }
+
 #endif  // HWY_ONCE
