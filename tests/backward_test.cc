@@ -132,15 +132,6 @@ Grads naive(const Problem& p, DType dtype, const Mask& mask, const std::vector<f
   return g;
 }
 
-// p with Q, K and V rounded to `dtype` and back.
-Problem rounded_to(const Problem& p, DType dtype) {
-  Problem rounded = p;
-  rounded.q = DTypeBuffer(p.q, dtype).floats(p.q.size());
-  rounded.k = DTypeBuffer(p.k, dtype).floats(p.k.size());
-  rounded.v = DTypeBuffer(p.v, dtype).floats(p.v.size());
-  return rounded;
-}
-
 // docs/design.md §5: the fused gradients' max error against the f64 reference (on the same rounded
 // inputs) is at most 2× the naive implementation's in the same dtype, plus 1e-6, per tensor.
 // `slack`: an extra allowance relative to the largest exact gradient (the unit sweep's; see there).
@@ -148,7 +139,7 @@ void expect_within_rule(const Problem& p, DType dtype, const Mask& mask, const s
                         Products products = Products::automatic, float slack = 0.0f) {
   const std::vector<float> dout = random_dout(p, p.q.size() + 3);
   const Grads fused = run_kernel(p, dtype, mask, {}, Kernel::fused, dout, 0, true, products);
-  const Problem rounded = rounded_to(p, dtype);
+  const Problem rounded = test::rounded_to(p, dtype);
   const std::vector<float> dout_rounded = DTypeBuffer(dout, dtype).floats(dout.size());
   const Grads exact = run_kernel(rounded, DType::f32, mask, {}, Kernel::reference, dout_rounded);
   const Grads plain = naive(p, dtype, mask, dout);
@@ -539,8 +530,8 @@ TEST_P(BackwardUnit, ModifiersAndSinksMatchTheReference) {
   const Grads fused =
       run_kernel(p, DType::bf16, Mask().causal(), mods, Kernel::fused, dout, 0, true, unit());
   const Grads exact =
-      run_kernel(rounded_to(p, DType::bf16), DType::f32, Mask().causal(), mods, Kernel::reference,
-                 DTypeBuffer(dout, DType::bf16).floats(dout.size()));
+      run_kernel(test::rounded_to(p, DType::bf16), DType::f32, Mask().causal(), mods,
+                 Kernel::reference, DTypeBuffer(dout, DType::bf16).floats(dout.size()));
   for (const auto& [name, f, e] :
        {std::tuple{"dq", &fused.dq, &exact.dq}, std::tuple{"dk", &fused.dk, &exact.dk},
         std::tuple{"dv", &fused.dv, &exact.dv}, std::tuple{"dbias", &fused.dbias, &exact.dbias},
@@ -581,7 +572,7 @@ TEST_P(BackwardUnit, GarbageAtHiddenPositionsStaysOut) {
   }
   const std::vector<float> dout = random_dout(clean, 24);
   const Grads b = run_kernel(dirty, DType::bf16, mask, {}, Kernel::fused, dout, 0, true, unit());
-  const Grads r = run_kernel(rounded_to(dirty, DType::bf16), DType::f32, mask, {},
+  const Grads r = run_kernel(test::rounded_to(dirty, DType::bf16), DType::f32, mask, {},
                              Kernel::reference, DTypeBuffer(dout, DType::bf16).floats(dout.size()));
   EXPECT_LE(max_error(r.dq, b.dq), 2e-2);
   EXPECT_LE(max_error(r.dk, b.dk), 2e-2);

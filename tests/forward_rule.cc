@@ -34,14 +34,6 @@ Result run_kernel(const RandomProblem& p, DType dtype, const Mask& mask, const S
   return run(p, dtype, mask, mods, options);
 }
 
-RandomProblem rounded_to(const RandomProblem& p, DType dtype) {
-  RandomProblem rounded = p;
-  rounded.q = DTypeBuffer(p.q, dtype).floats(p.q.size());
-  rounded.k = DTypeBuffer(p.k, dtype).floats(p.k.size());
-  rounded.v = DTypeBuffer(p.v, dtype).floats(p.v.size());
-  return rounded;
-}
-
 std::vector<float> naive(const RandomProblem& p, DType dtype, const Mask& mask) {
   const std::vector<float> q = DTypeBuffer(p.q, dtype).floats(p.q.size());
   const std::vector<float> k = DTypeBuffer(p.k, dtype).floats(p.k.size());

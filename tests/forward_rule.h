@@ -24,9 +24,6 @@ Result run_kernel(const RandomProblem& p, DType dtype, const Mask& mask, const S
                   Kernel kernel, int threads = 0, bool skipping = true,
                   Products products = Products::automatic);
 
-// p with Q, K and V rounded to `dtype` and back (the inputs a kernel in that dtype sees).
-RandomProblem rounded_to(const RandomProblem& p, DType dtype);
-
 // The naive implementation in the dtype under test: inputs rounded to the dtype, then plain f32
 // arithmetic (S, softmax with std::exp, P·V) over the mask's allowed pairs, output rounded once.
 std::vector<float> naive(const RandomProblem& p, DType dtype, const Mask& mask);

@@ -98,6 +98,14 @@ std::vector<float> DTypeBuffer::floats(size_t count) const {
   return out;
 }
 
+RandomProblem rounded_to(const RandomProblem& p, DType dtype) {
+  RandomProblem rounded = p;
+  rounded.q = DTypeBuffer(p.q, dtype).floats(p.q.size());
+  rounded.k = DTypeBuffer(p.k, dtype).floats(p.k.size());
+  rounded.v = DTypeBuffer(p.v, dtype).floats(p.v.size());
+  return rounded;
+}
+
 float max_error(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return INFINITY;
   float worst = 0.0f;

@@ -52,6 +52,9 @@ struct DTypeBuffer {
   }
 };
 
+// p with Q, K and V rounded to `dtype` and back (the inputs a kernel in that dtype sees).
+RandomProblem rounded_to(const RandomProblem& p, DType dtype);
+
 // Max |a − b|; infinite when only one side is NaN or the sizes differ (NaN must not hide).
 float max_error(const std::vector<float>& a, const std::vector<float>& b);
 

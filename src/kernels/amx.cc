@@ -133,31 +133,36 @@ MASKATTN_AMX_TARGET void amx_end() {
 
 namespace {
 
-// Sᵀ for key groups of 16 (A in tile 2, 3), two query columns at a time (C in 0, 1); D = 64 keeps
-// both columns' queries in tiles 4–7 while the key groups pass.
-MASKATTN_AMX_TARGET void scores_d64(const uint16_t* k, int64_t k_bytes, int64_t full_groups,
-                                    const uint16_t* tail, const uint32_t* q_pairs, float* s) {
-  const int64_t groups = full_groups + (tail != nullptr ? 1 : 0);
-  for (int64_t column = 0; column < kTileQ; column += 2 * kGroup) {
-    _tile_loadd(4, q_pairs + column, kRowBytes);
-    _tile_loadd(5, q_pairs + column + kGroup, kRowBytes);
-    _tile_loadd(6, q_pairs + kGroup * kTileQ + column, kRowBytes);
-    _tile_loadd(7, q_pairs + kGroup * kTileQ + column + kGroup, kRowBytes);
-    for (int64_t group = 0; group < groups; ++group) {
-      const bool is_tail = group == full_groups;
-      const uint16_t* keys = is_tail ? tail : k + group * kGroup * (k_bytes / 2);
-      const int64_t stride = is_tail ? 64 * 2 : k_bytes;
-      _tile_loadd(2, keys, stride);
-      _tile_loadd(3, keys + 32, stride);
-      _tile_zero(0);
-      _tile_zero(1);
+// C[m][n] (+)= A·B for k = 64, "B-stationary": the four B tiles of two 16-column blocks (tiles
+// 4–7) stay while the row groups pass through A (2, 3) and C (0, 1). Every product of the forward
+// and most of the backward's have this shape.
+MASKATTN_AMX_TARGET void product_k64(const uint16_t* a, int64_t a_bytes, const uint32_t* b,
+                                     int64_t b_stride, float* c, int64_t c_stride, int64_t m,
+                                     int64_t n, bool accumulate) {
+  const int64_t b_bytes = b_stride * 4, c_bytes = c_stride * 4;
+  for (int64_t col = 0; col < n; col += 2 * kGroup) {
+    _tile_loadd(4, b + col, b_bytes);
+    _tile_loadd(5, b + col + kGroup, b_bytes);
+    _tile_loadd(6, b + kGroup * b_stride + col, b_bytes);
+    _tile_loadd(7, b + kGroup * b_stride + col + kGroup, b_bytes);
+    for (int64_t row = 0; row < m; row += kGroup) {
+      const uint16_t* a0 = a + row * (a_bytes / 2);
+      float* c0 = c + row * c_stride + col;
+      if (accumulate) {
+        _tile_loadd(0, c0, c_bytes);
+        _tile_loadd(1, c0 + kGroup, c_bytes);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+      }
+      _tile_loadd(2, a0, a_bytes);
+      _tile_loadd(3, a0 + 32, a_bytes);
       _tile_dpbf16ps(0, 2, 4);
       _tile_dpbf16ps(1, 2, 5);
       _tile_dpbf16ps(0, 3, 6);
       _tile_dpbf16ps(1, 3, 7);
-      float* c = s + group * kGroup * kTileQ + column;
-      _tile_stored(0, c, kRowBytes);
-      _tile_stored(1, c + kGroup, kRowBytes);
+      _tile_stored(0, c0, c_bytes);
+      _tile_stored(1, c0 + kGroup, c_bytes);
     }
   }
 }
@@ -203,8 +208,12 @@ MASKATTN_AMX_TARGET void amx_scores(const uint16_t* k, int64_t k_stride, int64_t
     }
     tail_rows = tail;
   }
-  if (dim == 64) {
-    scores_d64(k, k_stride * 2, full_groups, tail_rows, q_pairs, s);
+  if (dim == 64) {  // the key rows in place, then the copied tail group
+    product_k64(k, k_stride * 2, q_pairs, kTileQ, s, kTileQ, full_groups * kGroup, kTileQ, false);
+    if (tail_rows != nullptr) {
+      product_k64(tail_rows, dim * 2, q_pairs, kTileQ, s + full_groups * kGroup * kTileQ, kTileQ,
+                  kGroup, kTileQ, false);
+    }
   } else {
     scores_any(k, k_stride * 2, full_groups, tail_rows, dim, q_pairs, s);
   }
@@ -253,65 +262,8 @@ MASKATTN_AMX_TARGET void amx_accumulate(const uint16_t* vt, int64_t value_dim,
       }
     }
   }
-  constexpr int64_t vt_bytes = kTileK * 2;
-  for (int64_t column = 0; column < kTileQ; column += 2 * kGroup) {
-    _tile_loadd(4, p_pairs + column, kRowBytes);
-    _tile_loadd(5, p_pairs + column + kGroup, kRowBytes);
-    _tile_loadd(6, p_pairs + kGroup * kTileQ + column, kRowBytes);
-    _tile_loadd(7, p_pairs + kGroup * kTileQ + column + kGroup, kRowBytes);
-    for (int64_t e = 0; e < value_dim; e += kGroup) {
-      const uint16_t* values = vt + e * kTileK;
-      float* c = o + e * kTileQ + column;
-      _tile_loadd(2, values, vt_bytes);
-      _tile_loadd(3, values + 32, vt_bytes);
-      _tile_loadd(0, c, kRowBytes);
-      _tile_loadd(1, c + kGroup, kRowBytes);
-      _tile_dpbf16ps(0, 2, 4);
-      _tile_dpbf16ps(1, 2, 5);
-      _tile_dpbf16ps(0, 3, 6);
-      _tile_dpbf16ps(1, 3, 7);
-      _tile_stored(0, c, kRowBytes);
-      _tile_stored(1, c + kGroup, kRowBytes);
-    }
-  }
+  product_k64(vt, kTileK * 2, p_pairs, kTileQ, o, kTileQ, value_dim, kTileQ, true);
 }
-
-namespace {
-
-// k = 64, B-stationary (as the forward's products): the four B tiles of two 16-column blocks
-// (tiles 4–7) stay while the row groups pass through A (2, 3) and C (0, 1).
-MASKATTN_AMX_TARGET void product_k64(const uint16_t* a, int64_t a_bytes, const uint32_t* b,
-                                     int64_t b_stride, float* c, int64_t c_stride, int64_t m,
-                                     int64_t n, bool accumulate) {
-  const int64_t b_bytes = b_stride * 4, c_bytes = c_stride * 4;
-  for (int64_t col = 0; col < n; col += 2 * kGroup) {
-    _tile_loadd(4, b + col, b_bytes);
-    _tile_loadd(5, b + col + kGroup, b_bytes);
-    _tile_loadd(6, b + kGroup * b_stride + col, b_bytes);
-    _tile_loadd(7, b + kGroup * b_stride + col + kGroup, b_bytes);
-    for (int64_t row = 0; row < m; row += kGroup) {
-      const uint16_t* a0 = a + row * (a_bytes / 2);
-      float* c0 = c + row * c_stride + col;
-      if (accumulate) {
-        _tile_loadd(0, c0, c_bytes);
-        _tile_loadd(1, c0 + kGroup, c_bytes);
-      } else {
-        _tile_zero(0);
-        _tile_zero(1);
-      }
-      _tile_loadd(2, a0, a_bytes);
-      _tile_loadd(3, a0 + 32, a_bytes);
-      _tile_dpbf16ps(0, 2, 4);
-      _tile_dpbf16ps(1, 2, 5);
-      _tile_dpbf16ps(0, 3, 6);
-      _tile_dpbf16ps(1, 3, 7);
-      _tile_stored(0, c0, c_bytes);
-      _tile_stored(1, c0 + kGroup, c_bytes);
-    }
-  }
-}
-
-}  // namespace
 
 MASKATTN_AMX_TARGET void amx_product(const uint16_t* a, int64_t a_stride, const uint32_t* b,
                                      int64_t b_stride, float* c, int64_t c_stride, int64_t m,
