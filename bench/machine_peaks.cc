@@ -292,6 +292,20 @@ void RandomBf16(uint16_t* out, int64_t count, uint32_t seed) {
 }
 #endif  // __x86_64__
 
+// Prints `NAME threads=T gflops=G` per thread count: `loop(thread)` runs one thread's timed loop
+// of `flops_per_thread` and returns a value that keeps it from being optimised away.
+template <typename Loop>
+void PrintLoopPeak(const char* name, int max_threads, double flops_per_thread, const Loop& loop) {
+  for (const int threads : ThreadCounts(max_threads)) {
+    std::vector<float> sink(threads);
+    const double seconds =
+        MedianSeconds(threads, 5, [&](int thread) { sink[thread] = loop(thread); });
+    std::printf("%s threads=%d gflops=%.1f\n", name, threads,
+                flops_per_thread * threads / seconds * 1e-9);
+    if (sink[0] == 12345.0f) std::printf("!");
+  }
+}
+
 // Prints `amx_peak threads=T gflops=G` per thread count, or `amx_peak unavailable reason=R`.
 void AmxPeak(int max_threads) {
 #if defined(__x86_64__)
@@ -300,19 +314,13 @@ void AmxPeak(int max_threads) {
     return;
   }
   constexpr int64_t kIterations = 2'000'000;  // ≈ 60 ms per thread at 2.2 TF/s
-  for (const int threads : ThreadCounts(max_threads)) {
-    std::vector<float> sink(threads);
-    const double seconds = MedianSeconds(threads, 5, [&](int thread) {
-      // Each thread configures its own tiles (the configuration is per thread) with its own data.
-      alignas(64) uint16_t a[2 * kTileElements], b[2 * kTileElements];
-      RandomBf16(a, 2 * kTileElements, 1 + 2 * thread);
-      RandomBf16(b, 2 * kTileElements, 2 + 2 * thread);
-      sink[thread] = AmxLoop(kIterations, a, b);
-    });
-    const double flops = 4.0 * 16 * 16 * 32 * 2 * kIterations * threads;
-    std::printf("amx_peak threads=%d gflops=%.1f\n", threads, flops / seconds * 1e-9);
-    if (sink[0] == 12345.0f) std::printf("!");
-  }
+  PrintLoopPeak("amx_peak", max_threads, 4.0 * 16 * 16 * 32 * 2 * kIterations, [](int thread) {
+    // Each thread configures its own tiles (the configuration is per thread) with its own data.
+    alignas(64) uint16_t a[2 * kTileElements], b[2 * kTileElements];
+    RandomBf16(a, 2 * kTileElements, 1 + 2 * thread);
+    RandomBf16(b, 2 * kTileElements, 2 + 2 * thread);
+    return AmxLoop(kIterations, a, b);
+  });
 #else
   (void)max_threads;
   std::printf("amx_peak unavailable reason=not-x86-64\n");
@@ -327,14 +335,8 @@ void Bf16DotPeak(int max_threads) {
     return;
   }
   constexpr int64_t kIterations = 5'000'000;  // ≈ 65 ms per thread at 78 GF/s
-  for (const int threads : ThreadCounts(max_threads)) {
-    std::vector<float> sink(threads);
-    const double seconds = MedianSeconds(
-        threads, 5, [&](int thread) { sink[thread] = Bf16DotLoop(kIterations, 0.5f); });
-    const double flops = 16.0 * 64 * kIterations * threads;
-    std::printf("bf16_dot_peak threads=%d gflops=%.1f\n", threads, flops / seconds * 1e-9);
-    if (sink[0] == 12345.0f) std::printf("!");
-  }
+  PrintLoopPeak("bf16_dot_peak", max_threads, 16.0 * 64 * kIterations,
+                [](int) { return Bf16DotLoop(kIterations, 0.5f); });
 #else
   (void)max_threads;
   std::printf("bf16_dot_peak unavailable reason=not-x86-64\n");
