@@ -41,8 +41,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <vector>
 
 #include "kernels/bf16_dot.h"
 #include "kernels/fused_block.h"
@@ -101,10 +103,8 @@ bool request_tile_permission() {
   return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
 }
 
-}  // namespace
-
-namespace {
 std::atomic<int> refusals{0};  // live ScopedAmxRefusal objects
+
 }  // namespace
 
 bool amx_available() {
@@ -167,33 +167,6 @@ MASKATTN_AMX_TARGET void product_k64(const uint16_t* a, int64_t a_bytes, const u
   }
 }
 
-// Any D that is a multiple of 32: the queries are reloaded per key group.
-MASKATTN_AMX_TARGET void scores_any(const uint16_t* k, int64_t k_bytes, int64_t full_groups,
-                                    const uint16_t* tail, int64_t dim, const uint32_t* q_pairs,
-                                    float* s) {
-  const int64_t groups = full_groups + (tail != nullptr ? 1 : 0);
-  for (int64_t group = 0; group < groups; ++group) {
-    const bool is_tail = group == full_groups;
-    const uint16_t* keys = is_tail ? tail : k + group * kGroup * (k_bytes / 2);
-    const int64_t stride = is_tail ? dim * 2 : k_bytes;
-    for (int64_t column = 0; column < kTileQ; column += 2 * kGroup) {
-      _tile_zero(0);
-      _tile_zero(1);
-      for (int64_t d = 0; d < dim; d += 32) {
-        const uint32_t* q = q_pairs + (d / 2) * kTileQ + column;
-        _tile_loadd(2, keys + d, stride);
-        _tile_loadd(4, q, kRowBytes);
-        _tile_loadd(5, q + kGroup, kRowBytes);
-        _tile_dpbf16ps(0, 2, 4);
-        _tile_dpbf16ps(1, 2, 5);
-      }
-      float* c = s + group * kGroup * kTileQ + column;
-      _tile_stored(0, c, kRowBytes);
-      _tile_stored(1, c + kGroup, kRowBytes);
-    }
-  }
-}
-
 }  // namespace
 
 MASKATTN_AMX_TARGET void amx_scores(const uint16_t* k, int64_t k_stride, int64_t rows, int64_t dim,
@@ -208,14 +181,11 @@ MASKATTN_AMX_TARGET void amx_scores(const uint16_t* k, int64_t k_stride, int64_t
     }
     tail_rows = tail;
   }
-  if (dim == 64) {  // the key rows in place, then the copied tail group
-    product_k64(k, k_stride * 2, q_pairs, kTileQ, s, kTileQ, full_groups * kGroup, kTileQ, false);
-    if (tail_rows != nullptr) {
-      product_k64(tail_rows, dim * 2, q_pairs, kTileQ, s + full_groups * kGroup * kTileQ, kTileQ,
-                  kGroup, kTileQ, false);
-    }
-  } else {
-    scores_any(k, k_stride * 2, full_groups, tail_rows, dim, q_pairs, s);
+  // The key rows in place, then the copied tail group.
+  amx_product(k, k_stride, q_pairs, kTileQ, s, kTileQ, full_groups * kGroup, kTileQ, dim, false);
+  if (tail_rows != nullptr) {
+    amx_product(tail_rows, dim, q_pairs, kTileQ, s + full_groups * kGroup * kTileQ, kTileQ, kGroup,
+                kTileQ, dim, false);
   }
   if (scale == 1.0f) return;
   const __m512 factor = _mm512_set1_ps(scale);
@@ -225,8 +195,12 @@ MASKATTN_AMX_TARGET void amx_scores(const uint16_t* k, int64_t k_stride, int64_t
   }
 }
 
-MASKATTN_AMX_TARGET void amx_pack_values(const uint16_t* v, int64_t v_stride, int64_t rows,
-                                         int64_t value_dim, uint32_t* pairs, uint16_t* vt) {
+namespace {
+
+// Vᵀ of one tile of rows: vt[e][j] = V[j][e] for j < rows ≤ 64, zero beyond; `pairs` is scratch of
+// 32 · Dv uint32.
+MASKATTN_AMX_TARGET void pack_tile_transposed(const uint16_t* v, int64_t v_stride, int64_t rows,
+                                              int64_t value_dim, uint32_t* pairs, uint16_t* vt) {
   constexpr int64_t kPairRows = kTileK / 2;
   const int64_t filled = (rows + 1) / 2;
   bf16_pack_values(v, v_stride, rows, value_dim, pairs);
@@ -243,6 +217,31 @@ MASKATTN_AMX_TARGET void amx_pack_values(const uint16_t* v, int64_t v_stride, in
                                                       pairs + t * value_dim + e, 4));
     }
   }
+}
+
+}  // namespace
+
+void amx_pack_row_tiles(const TensorView& t, uint16_t* out, int threads) {
+  const int64_t heads = t.size(0) * t.size(1), len = t.size(2), width = t.size(3);
+  const int64_t tiles = (len + kTileK - 1) / kTileK;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<uint32_t> pairs(kTileK / 2 * width);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < heads * tiles; ++n) {
+      const int64_t bh = n / tiles, i0 = n % tiles * kTileK;
+      const auto* rows = static_cast<const uint16_t*>(t.data()) +
+                         t.offset({bh / t.size(1), bh % t.size(1), i0, 0});
+      pack_tile_transposed(rows, t.stride(2), std::min(kTileK, len - i0), width, pairs.data(),
+                           out + n * width * kTileK);
+    }
+  }
+}
+
+void amx_pack_weights(const float* s, int64_t rows, uint32_t* pairs) {
+  bf16_pack_weights(s, rows, pairs);
+  const int64_t filled = (rows + 1) / 2;
+  std::memset(pairs + filled * kTileQ, 0, (kTileK / 2 - filled) * kTileQ * sizeof(uint32_t));
 }
 
 MASKATTN_AMX_TARGET void amx_accumulate(const uint16_t* vt, int64_t value_dim,

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "maskattn/tensor.h"
+
 namespace maskattn::detail::fused {
 
 // CPUID says AMX-TILE and AMX-BF16, the OS enabled the tile state (XCR0 bits 17–18) and granted
@@ -52,10 +54,15 @@ void amx_softmax_step(const float* s, int64_t rows, float scale, float* row_max,
 // LSE −inf and for −inf scores); amx_softmax.cc.
 void amx_backward_weights(float* s, const float* lse, int64_t q_count, float scale);
 
-// Vᵀ of one key tile: vt[e][j] = V[j][e] for j < rows ≤ kTileK, zero beyond. `pairs` is scratch
-// of kTileK/2 · Dv uint32.
-void amx_pack_values(const uint16_t* v, int64_t v_stride, int64_t rows, int64_t value_dim,
-                     uint32_t* pairs, uint16_t* vt);
+// Every 64-row tile of a bf16 [B, H, L, W] view with contiguous rows, transposed:
+// out[b][h][tile][x][r] = t[b][h][64·tile + r][x], zero past L; [B, H, ⌈L/64⌉, W, 64] in all. The
+// A operand of P·V (Vᵀ per key tile, forward) and of the backward's dVᵀ and dKᵀ (dOᵀ, Qᵀ per query
+// tile); packed once per call, on `threads` threads.
+void amx_pack_row_tiles(const TensorView& t, uint16_t* out, int threads);
+
+// P (or dS) [rows][64] f32 as the B operand: bf16 pairs of rows (bf16_pack_weights), the pair rows
+// past `rows` zeroed up to kTileK/2 (they meet zero padding in A, and must not be stale).
+void amx_pack_weights(const float* s, int64_t rows, uint32_t* pairs);
 
 // o[e][i] = alpha[i]·o[e][i] + Σ_j V[j][e]·P[j][i] over the whole tile (p_pairs rows past the
 // tile's keys must be zero, as the packed Vᵀ is).

@@ -126,24 +126,8 @@ const uint32_t* pair_values(const Problem& p) {
 // V's key tiles transposed once for all query blocks (amx.h layout): [B, Hkv, k_tiles, Dv, kTileK].
 const uint16_t* transpose_values(const Problem& p) {
   std::vector<uint16_t>& packed = reused<uint16_t, Forward>();
-  const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK, tile = p.value_dim * kTileK;
-  packed.resize(p.batch * p.kv_heads * k_tiles * tile);
-  const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
-#pragma omp parallel num_threads(threads)
-  {
-    std::vector<uint32_t> pairs(kTileK / 2 * p.value_dim);
-#pragma omp for collapse(3) schedule(static)
-    for (int64_t b = 0; b < p.batch; ++b) {
-      for (int64_t g = 0; g < p.kv_heads; ++g) {
-        for (int64_t t = 0; t < k_tiles; ++t) {
-          const int64_t j0 = t * kTileK;
-          amx_pack_values(static_cast<const uint16_t*>(p.v.data()) + p.v.offset({b, g, j0, 0}),
-                          p.v.stride(2), std::min(kTileK, p.k_len - j0), p.value_dim, pairs.data(),
-                          packed.data() + ((b * p.kv_heads + g) * k_tiles + t) * tile);
-        }
-      }
-    }
-  }
+  packed.resize(p.batch * p.kv_heads * (p.k_len + kTileK - 1) / kTileK * p.value_dim * kTileK);
+  amx_pack_row_tiles(p.v, packed.data(), p.threads > 0 ? p.threads : omp_get_max_threads());
   return packed.data();
 }
 

@@ -20,6 +20,7 @@
 #include "core/element.h"
 #include "core/parallel.h"
 #include "core/reused.h"
+#include "kernels/amx.h"
 #include "kernels/fused_backward_block.h"
 #include "kernels/fused_block.h"
 #include "maskattn/cpu.h"
@@ -259,9 +260,9 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
     const int64_t q_tiles = (p.q_len + T - 1) / T;
     std::vector<uint16_t>& packed = reused<uint16_t, Backward>();
     packed.resize(p.batch * p.q_heads * q_tiles * T * (p.head_dim + p.value_dim));
-    transpose_row_tiles(p.q, packed.data(), threads);
+    amx_pack_row_tiles(p.q, packed.data(), threads);
     uint16_t* dout_t = packed.data() + p.batch * p.q_heads * q_tiles * T * p.head_dim;
-    transpose_row_tiles(dout, dout_t, threads);
+    amx_pack_row_tiles(dout, dout_t, threads);
     c.q_transposed = packed.data();
     c.dout_transposed = dout_t;
     c.dout_bf16 = dout;

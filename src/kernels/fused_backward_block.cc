@@ -28,7 +28,6 @@
 
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -342,11 +341,8 @@ void TilePairAmx(const BackwardContext& c, const BackwardItem& item, int64_t b, 
   ScoreGradients(c, b, h, q_first, q_count, j0, rows, sc.s, c.delta + row0, sc.cap_grad, sc.ds);
 
   // P and dS as pairs of query rows (zero past q_count) and dS as bf16 rows.
-  const int64_t filled = (q_count + 1) / 2;
-  bf16_pack_weights(sc.s, q_count, sc.p_pairs);
-  bf16_pack_weights(sc.ds, q_count, sc.ds_pairs);
-  std::memset(sc.p_pairs + filled * T, 0, (T / 2 - filled) * T * 4);
-  std::memset(sc.ds_pairs + filled * T, 0, (T / 2 - filled) * T * 4);
+  amx_pack_weights(sc.s, q_count, sc.p_pairs);
+  amx_pack_weights(sc.ds, q_count, sc.ds_pairs);
   amx_round_rows(sc.ds, T, sc.ds_rows);
 
   // dVᵀ += dOᵀ·P   dKᵀ += Qᵀ·dS   dQ_tile = dS·K
@@ -454,24 +450,6 @@ void transpose_bits(uint64_t* bits) {
   }
 }
 
-void transpose_row_tiles(const TensorView& t, uint16_t* out, int threads) {
-  constexpr int64_t T = kBackwardTile;
-  const int64_t heads = t.size(0) * t.size(1), len = t.size(2), width = t.size(3);
-  const int64_t tiles = (len + T - 1) / T;
-#pragma omp parallel num_threads(threads)
-  {
-    std::vector<uint32_t> pairs(T / 2 * width);
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < heads * tiles; ++n) {
-      const int64_t bh = n / tiles, i0 = n % tiles * T;
-      const auto* rows = static_cast<const uint16_t*>(t.data()) +
-                         t.offset({bh / t.size(1), bh % t.size(1), i0, 0});
-      amx_pack_values(rows, t.stride(2), std::min(T, len - i0), width, pairs.data(),
-                      out + n * width * T);
-    }
-  }
-}
-
 void BackwardScratch::reserve(int64_t head_dim, int64_t value_dim) {
   if (head_dim <= head_dim_ && value_dim <= value_dim_) return;
   head_dim_ = std::max(head_dim, head_dim_);
@@ -492,23 +470,13 @@ void BackwardScratch::reserve(int64_t head_dim, int64_t value_dim) {
                            {&dq_tile, T * d}});
   bits_.assign(2 * T, 0);
   bits = bits_.data();
-  // The AMX operands, each followed by a spare cache line (scratch_arena.h: 4K aliasing).
-  const int64_t wide = std::max(d, e), pairs = T / 2 * T + 16;
-  const int64_t sizes[] = {
-      (d + 1) / 2 * T + 16, (e + 1) / 2 * T + 16, T / 2 * d + 16,   pairs, pairs,
-      T * T / 2 + 16,       T * wide / 2 + 16,    T / 2 * wide + 16};
-  int64_t total = 16;
-  for (const int64_t size : sizes) total += size;
-  words_.assign(total, 0);
-  uint32_t* next = words_.data() + 16;
-  uint32_t** pieces[] = {&k_pairs,  &v_pairs, &k_vnni, &p_pairs,
-                         &ds_pairs, nullptr,  nullptr, &pack_pairs};
-  for (int n = 0; n < 8; ++n) {
-    if (n == 5) ds_rows = reinterpret_cast<uint16_t*>(next);
-    if (n == 6) a_rows = reinterpret_cast<uint16_t*>(next);
-    if (pieces[n] != nullptr) *pieces[n] = next;
-    next += sizes[n];
-  }
+  // The AMX operands (amx.h layouts).
+  carve_scratch(words_, {{&k_pairs, (d + 1) / 2 * T},
+                         {&v_pairs, (e + 1) / 2 * T},
+                         {&k_vnni, T / 2 * d},
+                         {&p_pairs, T / 2 * T},
+                         {&ds_pairs, T / 2 * T}});
+  carve_scratch(halves_, {{&ds_rows, T * T}, {&a_rows, T * std::max(d, e)}});
 }
 
 }  // namespace maskattn::detail::fused

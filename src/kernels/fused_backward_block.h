@@ -77,28 +77,24 @@ struct BackwardScratch {
   float* row = nullptr;       // [max(D, Dv)]
   uint64_t* bits = nullptr;   // [64 + 64] a partial tile's mask, per key then per query
   // The AMX products' operands (amx.h layouts), bf16 and bf16 pairs:
-  float* dk_t = nullptr;           // [D][64]  Σ_i dS_ij·Q_i of the key tile, transposed
-  float* dv_t = nullptr;           // [Dv][64] Σ_i P_ij·dO_i, transposed
-  float* dq_tile = nullptr;        // [64][D]  Σ_j dS_ij·K_j of one tile pair
-  uint32_t* k_pairs = nullptr;     // [D/2][64]  (K[j][2p], K[j][2p+1]): B of S = Q·Kᵀ
-  uint32_t* v_pairs = nullptr;     // [Dv/2][64] (V[j][2p], V[j][2p+1]): B of dP = dO·Vᵀ
-  uint32_t* k_vnni = nullptr;      // [32][D]    (K[2t][d], K[2t+1][d]): B of dQ = dS·K
-  uint32_t* p_pairs = nullptr;     // [32][64]   (P[2t][j], P[2t+1][j]): B of dVᵀ += dOᵀ·P
-  uint32_t* ds_pairs = nullptr;    // [32][64]   dS likewise: B of dKᵀ += Qᵀ·dS
-  uint16_t* ds_rows = nullptr;     // [64][64]   dS rows: A of dQ
-  uint16_t* a_rows = nullptr;      // [64][max(D, Dv)] Q or dO rows of a short tile, zero padded
-  uint32_t* pack_pairs = nullptr;  // [32][max(D, Dv)] scratch of the transposing packer
+  float* dk_t = nullptr;         // [D][64]  Σ_i dS_ij·Q_i of the key tile, transposed
+  float* dv_t = nullptr;         // [Dv][64] Σ_i P_ij·dO_i, transposed
+  float* dq_tile = nullptr;      // [64][D]  Σ_j dS_ij·K_j of one tile pair
+  uint32_t* k_pairs = nullptr;   // [D/2][64]  (K[j][2p], K[j][2p+1]): B of S = Q·Kᵀ
+  uint32_t* v_pairs = nullptr;   // [Dv/2][64] (V[j][2p], V[j][2p+1]): B of dP = dO·Vᵀ
+  uint32_t* k_vnni = nullptr;    // [32][D]    (K[2t][d], K[2t+1][d]): B of dQ = dS·K
+  uint32_t* p_pairs = nullptr;   // [32][64]   (P[2t][j], P[2t+1][j]): B of dVᵀ += dOᵀ·P
+  uint32_t* ds_pairs = nullptr;  // [32][64]   dS likewise: B of dKᵀ += Qᵀ·dS
+  uint16_t* ds_rows = nullptr;   // [64][64]   dS rows: A of dQ
+  uint16_t* a_rows = nullptr;    // [64][max(D, Dv)] Q or dO rows of a short tile, zero padded
 
  private:
   int64_t head_dim_ = -1, value_dim_ = -1;
   std::vector<float> storage_;
   std::vector<uint64_t> bits_;
   std::vector<uint32_t> words_;
+  std::vector<uint16_t> halves_;
 };
-
-// Qᵀ or dOᵀ per 64-row tile of a bf16 [B, H, L, W] view with contiguous rows, zero padded:
-// [B, H, ⌈L/64⌉, W, 64] into `out` (the A operands of dKᵀ and dVᵀ, amx.h).
-void transpose_row_tiles(const TensorView& t, uint16_t* out, int threads);
 
 void backward_item(const BackwardContext& context, const BackwardItem& item,
                    BackwardScratch& scratch);

@@ -196,21 +196,24 @@ void TileScores(const Context& c, const Block& blk, int64_t g, int64_t j0, int64
   }
 }
 
+// O += P·V for key tile k_tile, whose P (as bf16 pairs) and α are in the scratch.
+void AmxOutput(const Context& c, const Block& blk, int64_t k_tile, Scratch& scratch) {
+  const Problem& p = *c.problem;
+  const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
+  const uint16_t* vt =
+      c.v_transposed +
+      ((blk.b * p.kv_heads + p.kv_head(blk.h)) * k_tiles + k_tile) * p.value_dim * kTileK;
+  amx_accumulate(vt, p.value_dim, scratch.p_pairs, scratch.alpha, scratch.o);
+}
+
 // Oᵀ = α·Oᵀ + Vᵀ·Pᵀ for the tile. `finite`: V's tile holds no inf/NaN, so zero weights may be
 // multiplied (else they are skipped, and a hidden key's garbage cannot reach the output).
 void TileOutput(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
                 bool finite, const ActiveRows* active, Scratch& scratch) {
   const Problem& p = *c.problem;
   if (c.products == Products::amx && finite) {
-    bf16_pack_weights(scratch.s, rows, scratch.p_pairs);
-    // Pairs past the tile's keys meet Vᵀ's zero padding: they must be zero, not stale.
-    const int64_t filled = (rows + 1) / 2;
-    std::memset(scratch.p_pairs + filled * kTileQ, 0,
-                (kTileK / 2 - filled) * kTileQ * sizeof(uint32_t));
-    const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
-    const uint16_t* vt =
-        c.v_transposed + ((blk.b * p.kv_heads + g) * k_tiles + j0 / kTileK) * p.value_dim * kTileK;
-    amx_accumulate(vt, p.value_dim, scratch.p_pairs, scratch.alpha, scratch.o);
+    amx_pack_weights(scratch.s, rows, scratch.p_pairs);
+    AmxOutput(c, blk, j0 / kTileK, scratch);
     return;
   }
   if (c.products == Products::bf16_dot && finite) {
@@ -265,16 +268,6 @@ bool AmxFastPath(const Context& c, const Block& blk, int64_t k_tile, Scratch& sc
   const int64_t j0 = k_tile * kTileK;
   return ValueTileFinite(c, blk.b, p.kv_head(blk.h), k_tile, j0, std::min(kTileK, blk.k_end - j0),
                          scratch.v);
-}
-
-// O += P·V for key tile k_tile, whose P (pairs) and α the last softmax step left in the scratch.
-void AmxOutput(const Context& c, const Block& blk, int64_t k_tile, Scratch& scratch) {
-  const Problem& p = *c.problem;
-  const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
-  const uint16_t* vt =
-      c.v_transposed +
-      ((blk.b * p.kv_heads + p.kv_head(blk.h)) * k_tiles + k_tile) * p.value_dim * kTileK;
-  amx_accumulate(vt, p.value_dim, scratch.p_pairs, scratch.alpha, scratch.o);
 }
 
 // Scores of k_tile, then the deferred P·V of tile `pending` (if ≥ 0), then k_tile's mask and
@@ -419,14 +412,10 @@ void Scratch::reserve(int64_t head_dim, int64_t value_dim) {
                            {&poisoned, kTileQ}});
   bits_.assign(kTileQ + kTileK, 0);
   allowed = bits_.data();
-  // Each piece padded by a cache line and then some (scratch_arena.h: 4K aliasing).
-  const int64_t q_pairs_size = (d + 1) / 2 * kTileQ + 16, p_pairs_size = kTileK / 2 * kTileQ + 32;
-  const int64_t v_pairs_size = kTileK / 2 * dv + 48, k_tail_size = 8 * d;  // 16 rows of D bf16
-  pairs_.assign(16 + q_pairs_size + p_pairs_size + v_pairs_size + k_tail_size, 0);
-  q_pairs = pairs_.data() + 16;
-  p_pairs = q_pairs + q_pairs_size;
-  v_pairs = p_pairs + p_pairs_size;
-  k_tail = reinterpret_cast<uint16_t*>(v_pairs + v_pairs_size);
+  carve_scratch(pairs_, {{&q_pairs, (d + 1) / 2 * kTileQ},
+                         {&p_pairs, kTileK / 2 * kTileQ},
+                         {&v_pairs, kTileK / 2 * dv}});
+  carve_scratch(halves_, {{&k_tail, 16 * d}});
 }
 
 }  // namespace maskattn::detail::fused

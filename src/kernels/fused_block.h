@@ -46,6 +46,7 @@ struct Scratch {
   std::vector<float> storage_;
   std::vector<uint64_t> bits_;
   std::vector<uint32_t> pairs_;
+  std::vector<uint16_t> halves_;
 };
 
 // Read-only state shared by every block of one call.
