@@ -41,6 +41,7 @@ class HeadSet {
  public:
   HeadSet() = default;
   HeadSet(std::initializer_list<int64_t> heads);
+  explicit HeadSet(std::vector<int64_t> heads);      // any order, duplicates allowed; not empty
   static HeadSet range(int64_t first, int64_t end);  // heads first, …, end − 1
 
   bool is_all() const { return all_; }

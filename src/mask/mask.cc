@@ -10,8 +10,10 @@
 
 namespace maskattn {
 
-HeadSet::HeadSet(std::initializer_list<int64_t> heads) : all_(false) {
-  std::vector<int64_t> sorted(heads);
+HeadSet::HeadSet(std::initializer_list<int64_t> heads) : HeadSet(std::vector<int64_t>(heads)) {}
+
+HeadSet::HeadSet(std::vector<int64_t> heads) : all_(false) {
+  std::vector<int64_t> sorted = std::move(heads);
   std::sort(sorted.begin(), sorted.end());
   if (sorted.empty()) throw Error("head set is empty: a component must apply to some head");
   if (sorted.front() < 0) {

@@ -1,0 +1,240 @@
+"""The NumPy-level API: attention, its backward, partial merges and mask inspection.
+
+Every function takes NumPy arrays, PyTorch tensors (CPU) or anything with DLPack, reads them in
+place whatever their strides, and allocates its outputs in the caller's framework and dtype. The
+C++ library does the work with the GIL released; this layer only chooses defaults and allocates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _core
+from ._arrays import (
+    Error,
+    core_view,
+    element_tag,
+    empty_like_framework,
+    empty_output,
+    threads_arg,
+    to_bhld,
+)
+
+__all__ = [
+    "attention",
+    "attention_backward",
+    "merge_partials",
+    "allowed_pairs",
+    "block_map",
+    "attention_weights",
+    "attention_scores",
+    "gradcheck",
+    "cpu_info",
+]
+
+
+def _shape4(x, name: str, axes: str):
+    if x.ndim != 4:
+        raise Error(f"{name} has shape {list(x.shape)}; expected {axes}")
+    return tuple(int(n) for n in x.shape)
+
+
+def _inputs(arrays, names, dtype, layout):
+    """Core views of q, k, v (and friends) in [B, H, L, D] order, with their shared element tag."""
+    element = element_tag(dtype)
+    views = []
+    for x, name in zip(arrays, names):
+        view, tag = core_view(x, name, element)
+        if tag and element and tag != element:
+            raise Error(f"{name} holds {tag} but dtype={dtype!r} was given")
+        element = element or tag
+        views.append(to_bhld(view, layout))
+    return views, element
+
+
+def _check_out(out, name, shape_bhld, layout):
+    view, _ = core_view(out, name, "")
+    view = to_bhld(view, layout)
+    if tuple(view.shape) != tuple(shape_bhld):
+        want = list(shape_bhld) if layout == "bhld" else [shape_bhld[i] for i in (0, 2, 1, 3)]
+        raise Error(f"{name} has shape {list(out.shape)} but must be {want} ({layout})")
+    return view
+
+
+def attention(
+    q,
+    k,
+    v,
+    mask=None,
+    mods=None,
+    *,
+    scale=None,
+    layout="bhld",
+    dtype=None,
+    threads=None,
+    return_lse=False,
+    out=None,
+    kernel="auto",
+    products="auto",
+    check_finite=False,
+):
+    """O = softmax(scale·Q·Kᵀ + M)·V with ``mask`` (a :class:`Mask`) and ``mods`` (:class:`ScoreMods`).
+
+    ``layout="bhld"``: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv]; ``"blhd"``: the
+    same with L and H swapped (model code, FlashAttention). Returns O in q's dtype and layout, and
+    with ``return_lse=True`` also LSE [B, Hq, Lq] (float32, natural log). A row with no allowed
+    key gives O = 0 and LSE = -inf, never NaN.
+    """
+    (qb, kb, vb), element = _inputs((q, k, v), ("q", "k", "v"), dtype, layout)
+    batch, heads, q_len, _ = _shape4(qb, "q", "[B,Hq,Lq,D]")
+    _shape4(kb, "k", "[B,Hkv,Lk,D]")
+    value_dim = _shape4(vb, "v", "[B,Hkv,Lk,Dv]")[3]
+    shape = (batch, heads, q_len, value_dim)
+    result = out if out is not None else empty_output(q, shape, layout)
+    if out is None and layout == "blhd":
+        result = to_bhld(result, "blhd")  # back to the caller's [B, L, H, Dv]
+    out_view = _check_out(result, "out", shape, layout)
+    out_view, _ = core_view(out_view, "out", element)
+    lse = empty_like_framework(q, (batch, heads, q_len), "float32") if return_lse else None
+    _core.attention(
+        qb, kb, vb, out_view, mask, mods, lse, scale, threads_arg(threads), kernel, products,
+        check_finite, element,
+    )
+    return (result, lse) if return_lse else result
+
+
+def attention_backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    dout,
+    mask=None,
+    mods=None,
+    *,
+    scale=None,
+    layout="bhld",
+    dtype=None,
+    threads=None,
+    kernel="auto",
+    products="auto",
+    return_mod_grads=False,
+):
+    """Gradients (dq, dk, dv) of a loss given dout = ∂L/∂O, from what :func:`attention` returned.
+
+    ``out`` and ``lse`` are that call's results for the same inputs, mask and modifiers. Gradients
+    have the dtype and layout of their inputs; dk, dv sum over the query heads sharing a kv head.
+    With ``return_mod_grads=True`` the result is (dq, dk, dv, dbias, dsinks): dbias (float32, the
+    shape of ``mods.bias``) and dsinks (float32 [Hq]) are None when ``mods`` has no bias or sinks.
+    Hidden pairs contribute exactly nothing: a fully hidden row has dq = 0.
+    """
+    views, element = _inputs(
+        (q, k, v, out, dout), ("q", "k", "v", "out", "dout"), dtype, layout
+    )
+    qb, kb, vb, ob, db = views
+    lse_view, _ = core_view(lse, "lse", "")
+    shapes = [_shape4(x, n, a) for x, n, a in zip(
+        (qb, kb, vb), ("q", "k", "v"), ("[B,Hq,Lq,D]", "[B,Hkv,Lk,D]", "[B,Hkv,Lk,Dv]"))]
+    grads = []
+    for like, shape in zip((q, k, v), shapes):
+        grad = empty_output(like, shape, layout)
+        grads.append(to_bhld(grad, "blhd") if layout == "blhd" else grad)
+    grad_views = [core_view(to_bhld(g, layout), n, element)[0] for g, n in zip(grads, ("dq", "dk", "dv"))]
+    dbias = dsinks = None
+    if mods is not None and mods.bias is not None:
+        dbias = empty_like_framework(q, tuple(mods.bias.shape), "float32")
+    if mods is not None and len(mods.sinks) > 0:
+        dsinks = empty_like_framework(q, (len(mods.sinks),), "float32")
+    _core.attention_backward(
+        qb, kb, vb, ob, lse_view, db, *grad_views, dbias, dsinks, mask, mods, scale,
+        threads_arg(threads), kernel, products, element,
+    )
+    if return_mod_grads:
+        return (*grads, dbias, dsinks)
+    return tuple(grads)
+
+
+def merge_partials(parts, *, dtype=None, out=None):
+    """Attention over disjoint key sets merged into attention over their union.
+
+    ``parts`` is a sequence of (out [B, Hq, Lq, Dv], lse [B, Hq, Lq] float32) pairs, each from one
+    :func:`attention` call with ``return_lse=True``. Returns (out, lse); a part whose row saw no
+    key (LSE -inf) changes nothing.
+    """
+    parts = list(parts)
+    if not parts:
+        raise Error("merge_partials needs at least one (out, lse) part")
+    element = element_tag(dtype)
+    outs, lses = [], []
+    for n, part in enumerate(parts):
+        if len(part) != 2:
+            raise Error(f"merge_partials: part {n} must be an (out, lse) pair")
+        view, tag = core_view(part[0], f"part {n} out", element)
+        element = element or tag
+        outs.append(view)
+        lses.append(core_view(part[1], f"part {n} lse", "")[0])
+    first_out, first_lse = parts[0]
+    result = out if out is not None else empty_like_framework(first_out, tuple(first_out.shape))
+    lse = empty_like_framework(first_out, tuple(first_lse.shape), "float32")
+    _core.merge_partials(outs, lses, core_view(result, "out", element)[0], lse, element)
+    return result, lse
+
+
+def allowed_pairs(mask, batch=1, q_heads=1, q_len=None, k_len=None, *, b=None, h=None):
+    """The mask evaluated for [B, Hq, Lq, Lk] as a uint8 NumPy array (1 = allowed); with b and h,
+    one sequence and head: [Lq, Lk]."""
+    if q_len is None:
+        raise Error("allowed_pairs needs q_len (and k_len, default q_len)")
+    k_len = q_len if k_len is None else k_len
+    return _core.allowed_pairs(mask, batch, q_heads, q_len, k_len, b, h)
+
+
+def block_map(mask, batch=1, q_heads=1, q_len=None, k_len=None, *, tile_q=64, tile_k=64):
+    """The tiles the kernels see: [B, Hq, ⌈Lq/tile_q⌉, ⌈Lk/tile_k⌉], 0 = empty (skipped),
+    1 = full, 2 = partial."""
+    if q_len is None:
+        raise Error("block_map needs q_len (and k_len, default q_len)")
+    k_len = q_len if k_len is None else k_len
+    return _core.block_map(mask, batch, q_heads, q_len, k_len, tile_q, tile_k)
+
+
+def attention_weights(q, k, mask=None, mods=None, *, scale=None, layout="bhld", dtype=None,
+                      threads=None, kernel="auto"):
+    """The softmax weights P [B, Hq, Lq, Lk] (float32) — a debugging tool: it costs Lq·Lk per
+    head. Hidden pairs get exactly 0."""
+    (qb, kb), element = _inputs((q, k), ("q", "k"), dtype, layout)
+    batch, heads, q_len, _ = _shape4(qb, "q", "[B,Hq,Lq,D]")
+    k_len = _shape4(kb, "k", "[B,Hkv,Lk,D]")[2]
+    weights = empty_like_framework(q, (batch, heads, q_len, k_len), "float32")
+    _core.attention_weights(qb, kb, weights, mask, mods, scale, threads_arg(threads), kernel, element)
+    return weights
+
+
+def attention_scores(q, k, mask=None, mods=None, *, stage="final", scale=None, layout="bhld",
+                     dtype=None, threads=None):
+    """The scores [B, Hq, Lq, Lk] (float32): ``stage="scaled"`` is scale·Q·Kᵀ alone, ``"final"``
+    is what enters the softmax (every modifier applied, hidden pairs -inf)."""
+    if stage not in ("scaled", "final"):
+        raise Error(f'stage must be "scaled" or "final", got {stage!r}')
+    (qb, kb), element = _inputs((q, k), ("q", "k"), dtype, layout)
+    batch, heads, q_len, _ = _shape4(qb, "q", "[B,Hq,Lq,D]")
+    k_len = _shape4(kb, "k", "[B,Hkv,Lk,D]")[2]
+    scores = empty_like_framework(q, (batch, heads, q_len, k_len), "float32")
+    _core.attention_scores(qb, kb, scores, stage == "final", mask, mods, scale,
+                           threads_arg(threads), element)
+    return scores
+
+
+def gradcheck(q, k, v, dout, mask=None, mods=None, *, scale=None, layout="bhld", dtype=None,
+              kernel="auto", step=1e-3, tolerance=None):
+    """attention_backward checked against central finite differences of the f64 reference
+    (small problems: two forwards per element). Returns a dict with ``passed``, ``tolerance``
+    and one entry per gradient tensor."""
+    (qb, kb, vb, db), element = _inputs((q, k, v, dout), ("q", "k", "v", "dout"), dtype, layout)
+    return _core.gradcheck(qb, kb, vb, db, mask, mods, scale, kernel, step, tolerance, element)
+
+
+def cpu_info():
+    """What this CPU offers the kernels and which unit computes each dtype's products."""
+    return _core.cpu_info()

@@ -1,0 +1,100 @@
+"""How the NumPy-level API reads and allocates arrays of any framework.
+
+Attention tensors are passed to the C++ core in place (DLPack or the buffer protocol: NumPy
+arrays, PyTorch tensors, anything else with either). Two cases need help first:
+
+* ``ml_dtypes.bfloat16`` (and other custom NumPy dtypes) cannot be described by either
+  protocol, so such arrays go in as a ``uint16`` view of the same bits with an element tag;
+* PyTorch tensors that require grad refuse DLPack export, so they are detached (the autograd
+  layer is ``maskattn.torch``).
+
+Outputs are allocated in the caller's framework and dtype, in the caller's layout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _core
+
+Error = _core.Error
+
+_ELEMENT_NAMES = {
+    None: "",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "f16": "f16",
+    "float16": "f16",
+    "half": "f16",
+}
+
+
+def element_tag(dtype) -> str:
+    """The core's element tag for the ``dtype=`` argument: how to read raw 16-bit arrays."""
+    if dtype is None or isinstance(dtype, str):
+        key = dtype
+    else:
+        key = getattr(dtype, "name", None) or str(dtype).replace("torch.", "")
+    if key not in _ELEMENT_NAMES:
+        raise Error(
+            f'dtype must be None, "bfloat16" or "float16" (how to read uint16 arrays), got {dtype!r}'
+        )
+    return _ELEMENT_NAMES[key]
+
+
+def is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+def core_view(x, name: str, element: str):
+    """``x`` as the core reads it, and the element tag it needs."""
+    if x is None:
+        raise Error(f"{name} is None; it needs an array")
+    if is_torch(x):
+        return x.detach(), element
+    if isinstance(x, np.ndarray):
+        if x.dtype.name == "bfloat16":
+            return x.view(np.uint16), "bf16"
+        return x, element
+    if hasattr(x, "__dlpack__") or hasattr(x, "__array_interface__"):
+        return x, element
+    return np.asarray(x, dtype=np.float32), element
+
+
+def to_bhld(x, layout: str):
+    """A [B, L, H, D] array viewed as [B, H, L, D] (no copy); "bhld" passes through."""
+    if layout == "bhld":
+        return x
+    if layout == "blhd":
+        if x.ndim != 4:
+            raise Error(f'layout="blhd" needs 4-axis arrays [B, L, H, D], got shape {tuple(x.shape)}')
+        return x.permute(0, 2, 1, 3) if is_torch(x) else x.transpose(0, 2, 1, 3)
+    raise Error(f'layout must be "bhld" or "blhd", got {layout!r}')
+
+
+def empty_like_framework(x, shape, dtype=None):
+    """An uninitialised array of ``shape`` in ``x``'s framework, with ``x``'s dtype by default
+    ("float32" names float32 in either framework)."""
+    if is_torch(x):
+        import torch
+
+        torch_dtype = torch.float32 if dtype == "float32" else (dtype or x.dtype)
+        return torch.empty(shape, dtype=torch_dtype, device=x.device)
+    np_dtype = np.float32 if dtype == "float32" else (dtype or getattr(x, "dtype", np.float32))
+    return np.empty(shape, dtype=np_dtype)
+
+
+def empty_output(like, shape_bhld, layout: str, dtype=None):
+    """An output of logical shape [B, H, L, D] in ``like``'s framework, stored in ``layout``."""
+    if layout == "blhd":
+        b, h, length, d = shape_bhld
+        return to_bhld(empty_like_framework(like, (b, length, h, d), dtype), "blhd")
+    return empty_like_framework(like, tuple(shape_bhld), dtype)
+
+
+def threads_arg(threads) -> int:
+    if threads is None:
+        return 0
+    if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 0:
+        raise Error(f"threads must be None (all cores) or an int >= 0, got {threads!r}")
+    return int(threads)

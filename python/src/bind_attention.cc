@@ -1,0 +1,97 @@
+// The compute entry points: attention, attention_backward, merge_partials.
+//
+// Each takes views of the caller's arrays (arrays.h) and runs with the GIL released, so Python
+// threads compute concurrently and the library's own OpenMP threads never wait on Python (except
+// for Python callbacks, callbacks.h). Outputs are allocated by the Python layer, in the caller's
+// array type; here they are only written.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "arrays.h"
+#include "bindings.h"
+#include "call.h"
+#include "maskattn/attention.h"
+
+namespace maskattn::python {
+namespace {
+
+using nb::arg;
+
+void attention_binding(const InputArray& q, const InputArray& k, const InputArray& v,
+                       const OutputArray& out, const Mask* mask, const ScoreMods* mods,
+                       const std::optional<OutputArray>& lse, std::optional<double> scale,
+                       int threads, const std::string& kernel, const std::string& products,
+                       bool check_finite, const std::string& element) {
+  const TensorView qv = input_view(q, "q", element), kv = input_view(k, "k", element),
+                   vv = input_view(v, "v", element);
+  const MutableTensorView ov = output_view(out, "out", element);
+  const MutableTensorView lv = optional_output(lse, "lse", "");
+  const Options options = options_of(scale, threads, kernel, products, check_finite);
+  compute_released(mask, mods, [&] {
+    attention(qv, kv, vv, ov, mask_or_none(mask), mods_or_none(mods), options, lv);
+  });
+}
+
+void backward_binding(const InputArray& q, const InputArray& k, const InputArray& v,
+                      const InputArray& out, const InputArray& lse, const InputArray& dout,
+                      const OutputArray& dq, const OutputArray& dk, const OutputArray& dv,
+                      const std::optional<OutputArray>& dbias,
+                      const std::optional<OutputArray>& dsinks, const Mask* mask,
+                      const ScoreMods* mods, std::optional<double> scale, int threads,
+                      const std::string& kernel, const std::string& products,
+                      const std::string& element) {
+  const TensorView qv = input_view(q, "q", element), kv = input_view(k, "k", element),
+                   vv = input_view(v, "v", element), ov = input_view(out, "out", element),
+                   lv = input_view(lse, "lse", ""), dov = input_view(dout, "dout", element);
+  Gradients grads;
+  grads.dq = output_view(dq, "dq", element);
+  grads.dk = output_view(dk, "dk", element);
+  grads.dv = output_view(dv, "dv", element);
+  grads.dbias = optional_output(dbias, "dbias", "");
+  grads.dsinks = optional_output(dsinks, "dsinks", "");
+  const Options options = options_of(scale, threads, kernel, products, false);
+  compute_released(mask, mods, [&] {
+    attention_backward(qv, kv, vv, ov, lv, dov, grads, mask_or_none(mask), mods_or_none(mods),
+                       options);
+  });
+}
+
+void merge_binding(const std::vector<InputArray>& outs, const std::vector<InputArray>& lses,
+                   const OutputArray& out, const std::optional<OutputArray>& lse,
+                   const std::string& element) {
+  if (outs.size() != lses.size()) {
+    throw Error("merge_partials: " + std::to_string(outs.size()) + " outputs but " +
+                std::to_string(lses.size()) + " lse arrays; each part needs both");
+  }
+  std::vector<PartialResult> parts;
+  for (size_t n = 0; n < outs.size(); ++n) {
+    parts.push_back(
+        {input_view(outs[n], "partial out", element), input_view(lses[n], "partial lse", "")});
+  }
+  const MutableTensorView ov = output_view(out, "out", element);
+  const MutableTensorView lv = optional_output(lse, "lse", "");
+  nb::gil_scoped_release released;
+  merge_partials(parts, ov, lv);
+}
+
+}  // namespace
+
+void bind_attention(nb::module_& m) {
+  m.def("attention", &attention_binding, arg("q"), arg("k"), arg("v"), arg("out"),
+        arg("mask").none(), arg("mods").none(), arg("lse").none(), arg("scale").none(),
+        arg("threads"), arg("kernel"), arg("products"), arg("check_finite"), arg("element"));
+  m.def("attention_backward", &backward_binding, arg("q"), arg("k"), arg("v"), arg("out"),
+        arg("lse"), arg("dout"), arg("dq"), arg("dk"), arg("dv"), arg("dbias").none(),
+        arg("dsinks").none(), arg("mask").none(), arg("mods").none(), arg("scale").none(),
+        arg("threads"), arg("kernel"), arg("products"), arg("element"));
+  m.def("merge_partials", &merge_binding, arg("outs"), arg("lses"), arg("out"), arg("lse").none(),
+        arg("element"));
+}
+
+}  // namespace maskattn::python

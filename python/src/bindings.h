@@ -1,0 +1,19 @@
+// The pieces of the maskattn._core extension module, one file each (module.cc puts them together).
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include "maskattn/mask.h"
+
+namespace maskattn::python {
+
+namespace nb = nanobind;
+
+void bind_masks(nb::module_& m);                 // Mask, ScoreMods (bind_mask.cc)
+void bind_mask_padding(nb::class_<Mask>& mask);  // key_/query_ lengths, starts, keep, pad_id
+void bind_mask_dense(nb::class_<Mask>& mask);    // segments, spans, prefix, dense, predicate
+void bind_attention(nb::module_& m);             // attention, backward, merge (bind_attention.cc)
+void bind_inspection(nb::module_& m);            // allowed_pairs, block_map, weights, scores
+void bind_tools(nb::module_& m);                 // audit, health, heatmaps, tokens (bind_tools.cc)
+
+}  // namespace maskattn::python

@@ -1,0 +1,33 @@
+#include "call.h"
+
+#include "maskattn/cpu.h"
+
+namespace maskattn::python {
+
+const Mask& mask_or_none(const Mask* mask) {
+  static const Mask kAllowAll;
+  return mask != nullptr ? *mask : kAllowAll;
+}
+
+const ScoreMods& mods_or_none(const ScoreMods* mods) {
+  static const ScoreMods kNoMods;
+  return mods != nullptr ? *mods : kNoMods;
+}
+
+Options options_of(std::optional<double> scale, int threads, const std::string& kernel,
+                   const std::string& products, bool check_finite) {
+  Options options;
+  options.scale = scale;
+  options.threads = threads;
+  options.kernel = kernel_named(kernel);
+  options.products = parse_products(products, "products");
+  options.check_finite = check_finite;
+  return options;
+}
+
+MutableTensorView optional_output(const std::optional<OutputArray>& array, const char* name,
+                                  const std::string& element) {
+  return array ? output_view(*array, name, element) : MutableTensorView();
+}
+
+}  // namespace maskattn::python
