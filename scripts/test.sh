@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it: formatting, a warnings-as-errors release build with
-# every test, then the same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
+# every test, the Python package's tests (pytest in .venv, against PyTorch 2.x), then the C++ suite
+# under AddressSanitizer + UndefinedBehaviorSanitizer.
 #
 #   scripts/test.sh           the full suite (what CI runs)
 #   scripts/test.sh --quick   the edit–test loop: release build, every test but the long kernel
@@ -33,5 +34,10 @@ for preset in release asan; do
   cmake --preset "$preset" -DMASKATTN_WERROR=ON >/dev/null
   cmake --build --preset "$preset" -j "$jobs"
   ctest --preset "$preset" -j "$jobs"
+  if [[ "$preset" == release ]]; then
+    echo "=== python: install the package and the test requirements into .venv, run pytest ==="
+    CMAKE_ARGS="-DMASKATTN_WERROR=ON" scripts/python-env.sh --test
+    .venv/bin/python -m pytest python/tests -q
+  fi
 done
 echo "test: all suites passed"
