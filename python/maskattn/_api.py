@@ -15,7 +15,7 @@ from ._arrays import (
     core_view,
     element_tag,
     empty_like_framework,
-    empty_output,
+    new_output,
     threads_arg,
     to_bhld,
 )
@@ -34,9 +34,10 @@ __all__ = [
 
 
 def _shape4(x, name: str, axes: str):
-    if x.ndim != 4:
-        raise Error(f"{name} has shape {list(x.shape)}; expected {axes}")
-    return tuple(int(n) for n in x.shape)
+    shape = x.shape
+    if len(shape) != 4:
+        raise Error(f"{name} has shape {list(shape)}; expected {axes}")
+    return shape
 
 
 def _inputs(arrays, names, dtype, layout):
@@ -90,11 +91,11 @@ def attention(
     _shape4(kb, "k", "[B,Hkv,Lk,D]")
     value_dim = _shape4(vb, "v", "[B,Hkv,Lk,Dv]")[3]
     shape = (batch, heads, q_len, value_dim)
-    result = out if out is not None else empty_output(q, shape, layout)
-    if out is None and layout == "blhd":
-        result = to_bhld(result, "blhd")  # back to the caller's [B, L, H, Dv]
-    out_view = _check_out(result, "out", shape, layout)
-    out_view, _ = core_view(out_view, "out", element)
+    if out is None:
+        result, out_view = new_output(q, shape, layout)
+    else:
+        result = out
+        out_view, _ = core_view(_check_out(out, "out", shape, layout), "out", element)
     lse = empty_like_framework(q, (batch, heads, q_len), "float32") if return_lse else None
     _core.attention(
         qb, kb, vb, out_view, mask, mods, lse, scale, threads_arg(threads), kernel, products,
@@ -136,11 +137,7 @@ def attention_backward(
     lse_view, _ = core_view(lse, "lse", "")
     shapes = [_shape4(x, n, a) for x, n, a in zip(
         (qb, kb, vb), ("q", "k", "v"), ("[B,Hq,Lq,D]", "[B,Hkv,Lk,D]", "[B,Hkv,Lk,Dv]"))]
-    grads = []
-    for like, shape in zip((q, k, v), shapes):
-        grad = empty_output(like, shape, layout)
-        grads.append(to_bhld(grad, "blhd") if layout == "blhd" else grad)
-    grad_views = [core_view(to_bhld(g, layout), n, element)[0] for g, n in zip(grads, ("dq", "dk", "dv"))]
+    grads, grad_views = zip(*(new_output(like, shape, layout) for like, shape in zip((q, k, v), shapes)))
     dbias = dsinks = None
     if mods is not None and mods.bias is not None:
         dbias = empty_like_framework(q, tuple(mods.bias.shape), "float32")

@@ -31,7 +31,9 @@ _ELEMENT_NAMES = {
 
 def element_tag(dtype) -> str:
     """The core's element tag for the ``dtype=`` argument: how to read raw 16-bit arrays."""
-    if dtype is None or isinstance(dtype, str):
+    if dtype is None:
+        return ""
+    if isinstance(dtype, str):
         key = dtype
     else:
         key = getattr(dtype, "name", None) or str(dtype).replace("torch.", "")
@@ -42,12 +44,22 @@ def element_tag(dtype) -> str:
     return _ELEMENT_NAMES[key]
 
 
+# dtypes both protocols describe: checked by a set lookup (dtype.name builds a string each time).
+_NATIVE_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float16, np.float64))
+
+
 def is_torch(x) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
 
 def core_view(x, name: str, element: str):
     """``x`` as the core reads it, and the element tag it needs."""
+    if type(x) is np.ndarray:  # the common case first: this runs on every call
+        if x.dtype in _NATIVE_DTYPES:
+            return x, element
+        if x.dtype.name == "bfloat16":
+            return x.view(np.uint16), "bf16"
+        return x, element
     if x is None:
         raise Error(f"{name} is None; it needs an array")
     if is_torch(x):
@@ -75,6 +87,8 @@ def to_bhld(x, layout: str):
 def empty_like_framework(x, shape, dtype=None):
     """An uninitialised array of ``shape`` in ``x``'s framework, with ``x``'s dtype by default
     ("float32" names float32 in either framework)."""
+    if type(x) is np.ndarray:
+        return np.empty(shape, dtype=np.float32 if dtype == "float32" else (dtype or x.dtype))
     if is_torch(x):
         import torch
 
@@ -84,17 +98,25 @@ def empty_like_framework(x, shape, dtype=None):
     return np.empty(shape, dtype=np_dtype)
 
 
-def empty_output(like, shape_bhld, layout: str, dtype=None):
-    """An output of logical shape [B, H, L, D] in ``like``'s framework, stored in ``layout``."""
+def new_output(like, shape_bhld, layout: str, dtype=None):
+    """A fresh output of logical shape [B, H, L, D] in ``like``'s framework and dtype (or
+    ``dtype``): (the array the caller gets, stored in ``layout``; the core's [B, H, L, D] view)."""
+    batch, heads, length, dim = shape_bhld
     if layout == "blhd":
-        b, h, length, d = shape_bhld
-        return to_bhld(empty_like_framework(like, (b, length, h, d), dtype), "blhd")
-    return empty_like_framework(like, tuple(shape_bhld), dtype)
+        user = empty_like_framework(like, (batch, length, heads, dim), dtype)
+        view = user.permute(0, 2, 1, 3) if is_torch(user) else user.transpose(0, 2, 1, 3)
+    else:
+        user = view = empty_like_framework(like, tuple(shape_bhld), dtype)
+    if type(view) is np.ndarray and view.dtype not in _NATIVE_DTYPES and view.dtype.name == "bfloat16":
+        view = view.view(np.uint16)
+    return user, view
 
 
 def threads_arg(threads) -> int:
     if threads is None:
         return 0
+    if type(threads) is int and threads >= 0:
+        return threads
     if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 0:
         raise Error(f"threads must be None (all cores) or an int >= 0, got {threads!r}")
     return int(threads)
