@@ -120,9 +120,11 @@ nb::dict health_binding(const InputArray& q, const InputArray& k, const InputArr
   });
   nb::list heads;
   for (const HeadHealth& head : report.heads) heads.append(head_dict(head));
+  nb::list warnings;
+  for (const std::string& warning : report.warnings) warnings.append(nb::str(warning.c_str()));
   nb::dict result;
   result["heads"] = heads;
-  result["warnings"] = nb::cast(report.warnings);
+  result["warnings"] = warnings;
   return result;
 }
 
