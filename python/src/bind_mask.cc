@@ -33,13 +33,23 @@ const char* alignment_name(Alignment alignment) {
 }
 
 int64_t window_side(nb::handle side) {
-  return side.is_none() ? kUnbounded : nb::cast<int64_t>(side);
+  return side.is_none() ? kUnbounded : int_value(side, "window side");
 }
 
 std::vector<int64_t> int_list(nb::handle values, const char* name) {
   const Array<int64_t> array = int_array(values, name);
   if (array.rank() != 1) {
     throw Error(std::string(name) + " must be one value per sequence (rank 1), got shape " +
+                shape_string(array.shape()));
+  }
+  return array.values();
+}
+
+// One float per query head (ALiBi slopes, sinks): a rank-1 array, not something flattened.
+std::vector<float> float_list(nb::handle values, const char* name) {
+  const Array<float> array = float_array(values, name);
+  if (array.rank() != 1) {
+    throw Error(std::string(name) + " must be one value per query head (rank 1), got shape " +
                 shape_string(array.shape()));
   }
   return array.values();
@@ -189,11 +199,11 @@ void bind_score_mods(nb::module_& m) {
             mods->softcap = softcap;
             mods->threshold = threshold;
             if (!alibi_slopes.is_none()) {
-              mods->alibi_slopes = float_array(alibi_slopes, "alibi_slopes").values();
+              mods->alibi_slopes = float_list(alibi_slopes, "alibi_slopes");
             }
             if (!bias.is_none()) mods->bias = float_array(bias, "bias");
             if (!score_fn.is_none()) mods->score_fn = PythonScoreFunction{hold_callable(score_fn)};
-            if (!sinks.is_none()) mods->sinks = float_array(sinks, "sinks").values();
+            if (!sinks.is_none()) mods->sinks = float_list(sinks, "sinks");
           },
           nb::kw_only(), arg("softcap") = nb::none(), arg("alibi_slopes") = nb::none(),
           arg("bias") = nb::none(), arg("score_fn") = nb::none(), arg("threshold") = nb::none(),
