@@ -115,25 +115,25 @@ void bind_mask_padding(nb::class_<Mask>& mask) {
                auto values = int_list(lengths, "lengths");
                return keys ? self.key_lengths(values) : self.query_lengths(values);
              },
-             arg("lengths"), nb::rv_policy::reference)
+             arg("lengths").none(), nb::rv_policy::reference)
         .def((side + "_starts").c_str(),
              [keys](Mask& self, nb::handle starts) -> Mask& {
                auto values = int_list(starts, "starts");
                return keys ? self.key_starts(values) : self.query_starts(values);
              },
-             arg("starts"), nb::rv_policy::reference)
+             arg("starts").none(), nb::rv_policy::reference)
         .def((side + "_keep").c_str(),
              [keys](Mask& self, nb::handle keep) -> Mask& {
                auto values = int_array(keep, "keep");
                return keys ? self.key_keep(values) : self.query_keep(values);
              },
-             arg("keep"), nb::rv_policy::reference)
+             arg("keep").none(), nb::rv_policy::reference)
         .def((side + "_pad_id").c_str(),
              [keys](Mask& self, nb::handle token_ids, int64_t pad_id) -> Mask& {
                auto ids = int_array(token_ids, "token_ids");
                return keys ? self.key_pad_id(ids, pad_id) : self.query_pad_id(ids, pad_id);
              },
-             arg("token_ids"), arg("pad_id") = 0, nb::rv_policy::reference);
+             arg("token_ids").none(), arg("pad_id") = 0, nb::rv_policy::reference);
   }
 }
 
@@ -145,7 +145,7 @@ void bind_mask_dense(nb::class_<Mask>& mask) {
             return self.segments(int_array(ids, "ids"), int_array(key_ids, "key_ids"),
                                  head_set(heads));
           },
-          arg("ids"), arg("key_ids") = nb::none(), arg("heads") = nb::none(),
+          arg("ids").none(), arg("key_ids") = nb::none(), arg("heads") = nb::none(),
           nb::rv_policy::reference)
       .def(
           "spans",
@@ -154,7 +154,7 @@ void bind_mask_dense(nb::class_<Mask>& mask) {
             return self.spans(int_array(ids, "ids"), int_array(key_ids, "key_ids"),
                               head_set(heads));
           },
-          arg("ids"), arg("key_ids") = nb::none(), arg("heads") = nb::none(),
+          arg("ids").none(), arg("key_ids") = nb::none(), arg("heads") = nb::none(),
           nb::rv_policy::reference)
       .def(
           "prefix_lm",
@@ -165,19 +165,19 @@ void bind_mask_dense(nb::class_<Mask>& mask) {
       .def(
           "keep",
           [](Mask& self, nb::handle keep) -> Mask& { return self.keep(bool_array(keep, "keep")); },
-          arg("keep"), nb::rv_policy::reference)
+          arg("keep").none(), nb::rv_policy::reference)
       .def(
           "blocked",
           [](Mask& self, nb::handle blocked) -> Mask& {
             return self.blocked(bool_array(blocked, "blocked"));
           },
-          arg("blocked"), nb::rv_policy::reference)
+          arg("blocked").none(), nb::rv_policy::reference)
       .def(
           "additive",
           [](Mask& self, nb::handle values) -> Mask& {
             return self.additive(float_array(values, "additive"));
           },
-          arg("values"), nb::rv_policy::reference)
+          arg("values").none(), nb::rv_policy::reference)
       .def(
           "predicate",
           [](Mask& self, nb::handle allows, const std::string& name) -> Mask& {
