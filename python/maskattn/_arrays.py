@@ -34,7 +34,10 @@ def element_tag(dtype) -> str:
     if dtype is None or isinstance(dtype, str):
         key = dtype
     else:
-        key = getattr(dtype, "name", None) or str(dtype).replace("torch.", "")
+        try:  # np.float16, ml_dtypes.bfloat16 (types, not dtypes), np.dtype("float16")
+            key = np.dtype(dtype).name
+        except TypeError:  # torch.float16, torch.bfloat16
+            key = str(dtype).replace("torch.", "")
     if key not in _ELEMENT_NAMES:
         raise Error(
             f'dtype must be None, "bfloat16" or "float16" (how to read uint16 arrays), got {dtype!r}'

@@ -63,6 +63,10 @@ def test_raw_16_bit_views_with_dtype_argument(rng, dtype):
     raw = ma.attention(*(x.view(np.uint16) for x in (q, k, v)), dtype=dtype)
     assert raw.dtype == np.uint16
     np.testing.assert_array_equal(raw, expected)
+    short_name = {"bfloat16": "bf16", "float16": "half"}[dtype]
+    for spelling in (numpy_dtype(dtype), np.dtype(numpy_dtype(dtype)), short_name):
+        spelled = ma.attention(*(x.view(np.uint16) for x in (q, k, v)), dtype=spelling)
+        np.testing.assert_array_equal(spelled, expected)
     signed = ma.attention(*(x.view(np.int16) for x in (q, k, v)), dtype=dtype)
     np.testing.assert_array_equal(signed.view(np.uint16), expected)
     tensors = [to_torch(x, dtype).view(torch.int16) for x in (q, k, v)]
