@@ -7,17 +7,19 @@ C++ library does the work with the GIL released; this layer only chooses default
 
 from __future__ import annotations
 
-import numpy as np
+import numbers
 
 from . import _core
 from ._arrays import (
     Error,
+    check_element,
     core_view,
     element_tag,
     empty_like_framework,
     new_output,
     threads_arg,
     to_bhld,
+    writable_output,
 )
 
 __all__ = [
@@ -40,6 +42,18 @@ def _shape4(x, name: str, axes: str):
     return shape
 
 
+def _checked(mask, mods, scale=None):
+    """The arguments the core takes as objects, refused with maskattn.Error (not the binding's
+    TypeError listing its internal signature) when they have the wrong type."""
+    if mask is not None and not isinstance(mask, _core.Mask):
+        raise Error(f"mask must be a maskattn.Mask or None, got {type(mask).__name__}")
+    if mods is not None and not isinstance(mods, _core.ScoreMods):
+        raise Error(f"mods must be a maskattn.ScoreMods or None, got {type(mods).__name__}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise Error(f"scale must be None (1/sqrt(D)) or a real number, got {scale!r}")
+    return None if scale is None else float(scale)
+
+
 def _inputs(arrays, names, dtype, layout):
     """Core views of q, k, v (and friends) in [B, H, L, D] order, with their shared element tag."""
     element = element_tag(dtype)
@@ -48,13 +62,14 @@ def _inputs(arrays, names, dtype, layout):
         view, tag = core_view(x, name, element)
         if tag and element and tag != element:
             raise Error(f"{name} holds {tag} but dtype={dtype!r} was given")
+        check_element(view, name, element, dtype)
         element = element or tag
         views.append(to_bhld(view, layout))
     return views, element
 
 
 def _check_out(out, name, shape_bhld, layout):
-    view, _ = core_view(out, name, "")
+    view, _ = core_view(writable_output(out, name), name, "")
     view = to_bhld(view, layout)
     if tuple(view.shape) != tuple(shape_bhld):
         want = list(shape_bhld) if layout == "bhld" else [shape_bhld[i] for i in (0, 2, 1, 3)]
@@ -86,6 +101,7 @@ def attention(
     with ``return_lse=True`` also LSE [B, Hq, Lq] (float32, natural log). A row with no allowed
     key gives O = 0 and LSE = -inf, never NaN.
     """
+    scale = _checked(mask, mods, scale)
     (qb, kb, vb), element = _inputs((q, k, v), ("q", "k", "v"), dtype, layout)
     batch, heads, q_len, _ = _shape4(qb, "q", "[B,Hq,Lq,D]")
     _shape4(kb, "k", "[B,Hkv,Lk,D]")
@@ -130,6 +146,7 @@ def attention_backward(
     shape of ``mods.bias``) and dsinks (float32 [Hq]) are None when ``mods`` has no bias or sinks.
     Hidden pairs contribute exactly nothing: a fully hidden row has dq = 0.
     """
+    scale = _checked(mask, mods, scale)
     views, element = _inputs(
         (q, k, v, out, dout), ("q", "k", "v", "out", "dout"), dtype, layout
     )
@@ -172,6 +189,8 @@ def merge_partials(parts, *, dtype=None, out=None):
         outs.append(view)
         lses.append(core_view(part[1], f"part {n} lse", "")[0])
     first_out, first_lse = parts[0]
+    if out is not None:
+        writable_output(out, "out")
     result = out if out is not None else empty_like_framework(first_out, tuple(first_out.shape))
     lse = empty_like_framework(first_out, tuple(first_lse.shape), "float32")
     _core.merge_partials(outs, lses, core_view(result, "out", element)[0], lse, element)
@@ -181,6 +200,7 @@ def merge_partials(parts, *, dtype=None, out=None):
 def allowed_pairs(mask, batch=1, q_heads=1, q_len=None, k_len=None, *, b=None, h=None):
     """The mask evaluated for [B, Hq, Lq, Lk] as a uint8 NumPy array (1 = allowed); with b and h,
     one sequence and head: [Lq, Lk]."""
+    _checked(mask, None)
     if q_len is None:
         raise Error("allowed_pairs needs q_len (and k_len, default q_len)")
     k_len = q_len if k_len is None else k_len
@@ -190,6 +210,7 @@ def allowed_pairs(mask, batch=1, q_heads=1, q_len=None, k_len=None, *, b=None, h
 def block_map(mask, batch=1, q_heads=1, q_len=None, k_len=None, *, tile_q=64, tile_k=64):
     """The tiles the kernels see: [B, Hq, ⌈Lq/tile_q⌉, ⌈Lk/tile_k⌉], 0 = empty (skipped),
     1 = full, 2 = partial."""
+    _checked(mask, None)
     if q_len is None:
         raise Error("block_map needs q_len (and k_len, default q_len)")
     k_len = q_len if k_len is None else k_len
@@ -200,6 +221,7 @@ def attention_weights(q, k, mask=None, mods=None, *, scale=None, layout="bhld", 
                       threads=None, kernel="auto"):
     """The softmax weights P [B, Hq, Lq, Lk] (float32) — a debugging tool: it costs Lq·Lk per
     head. Hidden pairs get exactly 0."""
+    scale = _checked(mask, mods, scale)
     (qb, kb), element = _inputs((q, k), ("q", "k"), dtype, layout)
     batch, heads, q_len, _ = _shape4(qb, "q", "[B,Hq,Lq,D]")
     k_len = _shape4(kb, "k", "[B,Hkv,Lk,D]")[2]
@@ -214,6 +236,7 @@ def attention_scores(q, k, mask=None, mods=None, *, stage="final", scale=None, l
     is what enters the softmax (every modifier applied, hidden pairs -inf)."""
     if stage not in ("scaled", "final"):
         raise Error(f'stage must be "scaled" or "final", got {stage!r}')
+    scale = _checked(mask, mods, scale)
     (qb, kb), element = _inputs((q, k), ("q", "k"), dtype, layout)
     batch, heads, q_len, _ = _shape4(qb, "q", "[B,Hq,Lq,D]")
     k_len = _shape4(kb, "k", "[B,Hkv,Lk,D]")[2]
@@ -228,6 +251,7 @@ def gradcheck(q, k, v, dout, mask=None, mods=None, *, scale=None, layout="bhld",
     """attention_backward checked against central finite differences of the f64 reference
     (small problems: two forwards per element). Returns a dict with ``passed``, ``tolerance``
     and one entry per gradient tensor."""
+    scale = _checked(mask, mods, scale)
     (qb, kb, vb, db), element = _inputs((q, k, v, dout), ("q", "k", "v", "dout"), dtype, layout)
     return _core.gradcheck(qb, kb, vb, db, mask, mods, scale, kernel, step, tolerance, element)
 

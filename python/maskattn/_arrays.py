@@ -36,7 +36,10 @@ def element_tag(dtype) -> str:
     if isinstance(dtype, str):
         key = dtype
     else:
-        key = getattr(dtype, "name", None) or str(dtype).replace("torch.", "")
+        try:  # np.float16, ml_dtypes.bfloat16 (types, not dtypes), np.dtype("float16")
+            key = np.dtype(dtype).name
+        except TypeError:  # torch.float16, torch.bfloat16
+            key = str(dtype).replace("torch.", "")
     if key not in _ELEMENT_NAMES:
         raise Error(
             f'dtype must be None, "bfloat16" or "float16" (how to read uint16 arrays), got {dtype!r}'
@@ -52,6 +55,11 @@ def is_torch(x) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
 
+def dtype_name(x) -> str:
+    """NumPy's name for ``x``'s element type ("float32", "bfloat16", …) in either framework."""
+    return str(getattr(x, "dtype", "")).replace("torch.", "")
+
+
 def core_view(x, name: str, element: str):
     """``x`` as the core reads it, and the element tag it needs."""
     if type(x) is np.ndarray:  # the common case first: this runs on every call
@@ -63,14 +71,63 @@ def core_view(x, name: str, element: str):
     if x is None:
         raise Error(f"{name} is None; it needs an array")
     if is_torch(x):
+        if x.device.type != "cpu":  # a meta tensor has no DLPack export at all
+            raise Error(
+                f"{name} (shape {list(x.shape)}) is on device '{x.device}', not in CPU memory; "
+                "maskattn computes on the CPU: move it with .cpu()"
+            )
         return x.detach(), element
     if isinstance(x, np.ndarray):
         if x.dtype.name == "bfloat16":
             return x.view(np.uint16), "bf16"
         return x, element
-    if hasattr(x, "__dlpack__") or hasattr(x, "__array_interface__"):
-        return x, element
-    return np.asarray(x, dtype=np.float32), element
+    if hasattr(x, "__dlpack__"):
+        return _numpy_from_dlpack(x, name), element
+    if hasattr(x, "__array_interface__") or hasattr(x, "__array__"):
+        return np.asarray(x), element  # a view where the object allows it
+    return np.asarray(x, dtype=np.float32), element  # nested lists, scalars: a copy
+
+
+_DLPACK_CPU = 1  # DLDeviceType kDLCPU
+
+
+def _numpy_from_dlpack(x, name: str):
+    """A NumPy view (no copy) of another framework's CPU array, so that the rest of this layer
+    sees .shape, .ndim and .dtype; arrays on another device are refused by name."""
+    device = x.__dlpack_device__() if hasattr(x, "__dlpack_device__") else (_DLPACK_CPU, 0)
+    if int(device[0]) != _DLPACK_CPU:
+        raise Error(
+            f"{name} ({type(x).__name__}) is not in CPU memory (DLPack device type "
+            f"{int(device[0])}); maskattn computes on the CPU: move it to the CPU first"
+        )
+    try:
+        return np.from_dlpack(x)
+    except (TypeError, BufferError, RuntimeError, ValueError) as error:
+        raise Error(f"{name} ({type(x).__name__}) cannot be read through DLPack: {error}") from None
+
+
+def check_element(x, name: str, element: str, dtype) -> None:
+    """``dtype=`` says how to read 16-bit integer arrays; on any other float type it would be
+    silently ignored, so a conflict is an error."""
+    readable_as = {"bf16": "bfloat16", "f16": "float16"}.get(element)
+    if readable_as and dtype_name(x) not in ("uint16", "int16", readable_as):
+        raise Error(
+            f"{name} has dtype {dtype_name(x)} but dtype={dtype!r} was given; dtype= only says "
+            "how to read uint16 arrays holding bfloat16 or float16 bits"
+        )
+
+
+def writable_output(x, name: str):
+    """``x`` if the core can write into it in place, else maskattn.Error (not a copy that the
+    caller would never see)."""
+    if not (is_torch(x) or isinstance(x, np.ndarray) or hasattr(x, "__dlpack__")):
+        raise Error(
+            f"{name} must be an array to write into (NumPy, PyTorch or DLPack), "
+            f"got {type(x).__name__}"
+        )
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        raise Error(f"{name} (shape {list(x.shape)}) is read-only; it must be a writable array")
+    return x
 
 
 def to_bhld(x, layout: str):

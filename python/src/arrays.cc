@@ -1,6 +1,10 @@
 #include "arrays.h"
 
+#include <nanobind/stl/string.h>  // nb::cast<std::string>; without it the cast throws bad_cast
+
+#include <cmath>
 #include <cstdint>
+#include <sstream>
 #include <vector>
 
 #include "maskattn/error.h"
@@ -80,15 +84,46 @@ TensorView view_of(const nb::ndarray<nb::ro>& array, const char* name, const std
   return TensorView(array.data(), dtype, sizes, strides);
 }
 
+// A torch tensor as NumPy can read it: no autograd, and bfloat16 (which NumPy lacks) widened.
+nb::handle numpy_readable(nb::handle values, nb::object& keep_alive) {
+  if (!nb::hasattr(values, "detach")) return values;
+  keep_alive = values.attr("detach")();
+  if (nb::cast<std::string>(nb::str(nb::object(keep_alive.attr("dtype")))) == "torch.bfloat16")
+    keep_alive = keep_alive.attr("float")();
+  return keep_alive;
+}
+
 // numpy.ascontiguousarray(values, dtype=...), with a catalogue message when it cannot.
 nb::object numpy_copy(nb::handle values, const char* dtype, const char* name) {
   nb::module_ numpy = nb::module_::import_("numpy");
-  if (nb::hasattr(values, "detach")) values = values.attr("detach")();  // torch: drop autograd
+  nb::object readable;
+  values = numpy_readable(values, readable);
   try {
     return numpy.attr("ascontiguousarray")(values, nb::arg("dtype") = numpy.attr(dtype));
   } catch (const nb::python_error& error) {
     throw Error(std::string(name) + " cannot be read as an array of " + dtype + ": " +
-                error.what());
+                nb::cast<std::string>(nb::str(error.value())));
+  }
+}
+
+// 2.7, 2, -inf: a value in a message, as Python would print it (std::to_string says 2.000000).
+std::string number_text(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
+// The NumPy dtype kind of what numpy.asarray makes of `values`: 'b' bool, 'i'/'u' integers,
+// 'f' floats, 'O' objects, …
+char numpy_kind(nb::handle values, const char* name) {
+  nb::object readable;
+  values = numpy_readable(values, readable);
+  try {
+    nb::object array = nb::module_::import_("numpy").attr("asarray")(values);
+    return nb::cast<std::string>(array.attr("dtype").attr("kind"))[0];
+  } catch (const nb::python_error& error) {
+    throw Error(std::string(name) +
+                " cannot be read as an array: " + nb::cast<std::string>(nb::str(error.value())));
   }
 }
 
@@ -117,36 +152,73 @@ MutableTensorView output_view(const OutputArray& array, const char* name,
 }
 
 Array<int64_t> int_array(nb::handle values, const char* name) {
-  return owned_array<int64_t>(values, "int64", name);
+  if (values.is_none() || numpy_kind(values, name) != 'f') {
+    return owned_array<int64_t>(values, "int64", name);
+  }
+  // Floats are taken only when they hold integers: numpy's cast would truncate 2.7 to 2.
+  const Array<double> exact = owned_array<double>(values, "float64", name);
+  std::vector<int64_t> integers;
+  for (const double value : exact.values()) {
+    if (!(std::isfinite(value) && value == std::floor(value))) {
+      throw Error(std::string(name) + " must hold integers, found " + number_text(value) +
+                  " at flat index " + std::to_string(integers.size()));
+    }
+    integers.push_back(static_cast<int64_t>(value));
+  }
+  return Array<int64_t>(exact.shape(), std::move(integers));
 }
 
 Array<uint8_t> bool_array(nb::handle values, const char* name) {
-  // Through bool first, so that any nonzero number means "set", as numpy's and torch's own
-  // bool masks do; a uint8 0/1 array stays as it is.
-  nb::object as_bool = numpy_copy(values, "bool_", name);
-  return owned_array<uint8_t>(as_bool, "uint8", name);
+  if (values.is_none() || numpy_kind(values, name) == 'b') {
+    return owned_array<uint8_t>(values, "uint8", name);
+  }
+  // Numbers must be 0 or 1, as in C++ (E29): a float mask given to keep()/blocked() is most
+  // likely an additive mask (0 / -inf), whose truth values would mean the opposite.
+  const Array<double> numbers = owned_array<double>(values, "float64", name);
+  std::vector<uint8_t> flags;
+  for (const double value : numbers.values()) {
+    if (value != 0 && value != 1) {
+      throw Error(std::string(name) + " must hold only 0 and 1 (or bools), found " +
+                  number_text(value) + " at flat index " + std::to_string(flags.size()));
+    }
+    flags.push_back(static_cast<uint8_t>(value));
+  }
+  return Array<uint8_t>(numbers.shape(), std::move(flags));
 }
 
 Array<float> float_array(nb::handle values, const char* name) {
   return owned_array<float>(values, "float32", name);
 }
 
+int64_t int_value(nb::handle value, const char* name) {
+  // operator.index() accepts Python ints and NumPy/PyTorch integers; bools and floats are refused.
+  if (!PyBool_Check(value.ptr()) && PyIndex_Check(value.ptr())) {
+    const long long result = PyLong_AsLongLong(nb::steal(PyNumber_Index(value.ptr())).ptr());
+    if (!(result == -1 && PyErr_Occurred())) return result;
+    PyErr_Clear();
+  }
+  throw Error(std::string(name) + " must be an int, got " + nb::cast<std::string>(nb::repr(value)));
+}
+
 HeadSet head_set(nb::handle heads) {
   if (heads.is_none()) return {};
-  if (nb::isinstance<nb::int_>(heads)) return HeadSet{nb::cast<int64_t>(heads)};
-  nb::module_ builtins = nb::module_::import_("builtins");
-  if (nb::isinstance(heads, builtins.attr("range"))) {
-    const auto step = nb::cast<int64_t>(heads.attr("step"));
-    const auto start = nb::cast<int64_t>(heads.attr("start"));
-    const auto stop = nb::cast<int64_t>(heads.attr("stop"));
-    if (step == 1) return HeadSet::range(start, stop);
+  const auto refuse = [&] {
+    return Error("heads must be None, an int, a range or an iterable of ints, got " +
+                 nb::cast<std::string>(nb::repr(heads)));
+  };
+  if (PyIndex_Check(heads.ptr()) && !PyBool_Check(heads.ptr()))
+    return HeadSet{int_value(heads, "heads")};
+  if (PyRange_Check(heads.ptr()) && int_value(heads.attr("step"), "heads.step") == 1) {
+    return HeadSet::range(int_value(heads.attr("start"), "heads.start"),
+                          int_value(heads.attr("stop"), "heads.stop"));
   }
   std::vector<int64_t> list;
   try {
-    for (nb::handle head : heads) list.push_back(nb::cast<int64_t>(head));
-  } catch (const std::exception&) {
-    throw Error("heads must be None, an int, a range or an iterable of ints, got " +
-                nb::cast<std::string>(nb::repr(heads)));
+    for (nb::handle head : heads) list.push_back(int_value(head, "heads"));
+  } catch (const Error&) {
+    throw refuse();
+  } catch (const nb::python_error&) {  // not iterable
+    throw refuse();
   }
   return HeadSet(std::move(list));
 }

@@ -37,10 +37,14 @@ MutableTensorView output_view(const OutputArray& array, const char* name,
 
 // A Python sequence, NumPy array or tensor (anything numpy.asarray takes) copied into an owned
 // row-major Array. Booleans become 0/1. Raises maskattn.Error naming `name` if it cannot be read
-// as numbers.
+// as numbers, if int_array gets floats that are not integers (no silent truncation), or if
+// bool_array gets numbers other than 0 and 1 (as the C++ API does, E29).
 Array<int64_t> int_array(nb::handle values, const char* name);
 Array<uint8_t> bool_array(nb::handle values, const char* name);
 Array<float> float_array(nb::handle values, const char* name);
+
+// A Python or NumPy/PyTorch integer (not a bool or a float), or maskattn.Error naming `name`.
+int64_t int_value(nb::handle value, const char* name);
 
 // None → every head; an int; a range with step 1; any iterable of ints.
 HeadSet head_set(nb::handle heads);

@@ -71,8 +71,9 @@ void merge_binding(const std::vector<InputArray>& outs, const std::vector<InputA
   }
   std::vector<PartialResult> parts;
   for (size_t n = 0; n < outs.size(); ++n) {
-    parts.push_back(
-        {input_view(outs[n], "partial out", element), input_view(lses[n], "partial lse", "")});
+    const std::string part = "part " + std::to_string(n);  // as merge_partials names them
+    parts.push_back({input_view(outs[n], (part + " out").c_str(), element),
+                     input_view(lses[n], (part + " lse").c_str(), "")});
   }
   const MutableTensorView ov = output_view(out, "out", element);
   const MutableTensorView lv = optional_output(lse, "lse", "");

@@ -82,11 +82,10 @@ void bind_inspection(nb::module_& m) {
           throw Error("allowed_pairs: give both b and h (one panel) or neither");
         }
         Array<uint8_t> pairs;
-        {
-          nb::gil_scoped_release released;
+        compute_released(mask, nullptr, [&] {  // a failing predicate raises, as in attention
           pairs = b ? allowed_pairs(mask_or_none(mask), shape, *b, *h)
                     : allowed_pairs(mask_or_none(mask), shape);
-        }
+        });
         return to_numpy(std::move(pairs));
       },
       arg("mask").none(), arg("batch"), arg("q_heads"), arg("q_len"), arg("k_len"), arg("b").none(),
@@ -96,11 +95,10 @@ void bind_inspection(nb::module_& m) {
       [](const Mask* mask, int64_t batch, int64_t q_heads, int64_t q_len, int64_t k_len,
          int64_t tile_q, int64_t tile_k) {
         Array<uint8_t> blocks;
-        {
-          nb::gil_scoped_release released;
+        compute_released(mask, nullptr, [&] {
           blocks = block_map(mask_or_none(mask), MaskShape{batch, q_heads, q_len, k_len}, tile_q,
                              tile_k);
-        }
+        });
         return to_numpy(std::move(blocks));
       },
       arg("mask").none(), arg("batch"), arg("q_heads"), arg("q_len"), arg("k_len"), arg("tile_q"),

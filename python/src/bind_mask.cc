@@ -33,13 +33,23 @@ const char* alignment_name(Alignment alignment) {
 }
 
 int64_t window_side(nb::handle side) {
-  return side.is_none() ? kUnbounded : nb::cast<int64_t>(side);
+  return side.is_none() ? kUnbounded : int_value(side, "window side");
 }
 
 std::vector<int64_t> int_list(nb::handle values, const char* name) {
   const Array<int64_t> array = int_array(values, name);
   if (array.rank() != 1) {
     throw Error(std::string(name) + " must be one value per sequence (rank 1), got shape " +
+                shape_string(array.shape()));
+  }
+  return array.values();
+}
+
+// One float per query head (ALiBi slopes, sinks): a rank-1 array, not something flattened.
+std::vector<float> float_list(nb::handle values, const char* name) {
+  const Array<float> array = float_array(values, name);
+  if (array.rank() != 1) {
+    throw Error(std::string(name) + " must be one value per query head (rank 1), got shape " +
                 shape_string(array.shape()));
   }
   return array.values();
@@ -105,25 +115,25 @@ void bind_mask_padding(nb::class_<Mask>& mask) {
                auto values = int_list(lengths, "lengths");
                return keys ? self.key_lengths(values) : self.query_lengths(values);
              },
-             arg("lengths"), nb::rv_policy::reference)
+             arg("lengths").none(), nb::rv_policy::reference)
         .def((side + "_starts").c_str(),
              [keys](Mask& self, nb::handle starts) -> Mask& {
                auto values = int_list(starts, "starts");
                return keys ? self.key_starts(values) : self.query_starts(values);
              },
-             arg("starts"), nb::rv_policy::reference)
+             arg("starts").none(), nb::rv_policy::reference)
         .def((side + "_keep").c_str(),
              [keys](Mask& self, nb::handle keep) -> Mask& {
                auto values = int_array(keep, "keep");
                return keys ? self.key_keep(values) : self.query_keep(values);
              },
-             arg("keep"), nb::rv_policy::reference)
+             arg("keep").none(), nb::rv_policy::reference)
         .def((side + "_pad_id").c_str(),
              [keys](Mask& self, nb::handle token_ids, int64_t pad_id) -> Mask& {
                auto ids = int_array(token_ids, "token_ids");
                return keys ? self.key_pad_id(ids, pad_id) : self.query_pad_id(ids, pad_id);
              },
-             arg("token_ids"), arg("pad_id") = 0, nb::rv_policy::reference);
+             arg("token_ids").none(), arg("pad_id") = 0, nb::rv_policy::reference);
   }
 }
 
@@ -135,7 +145,7 @@ void bind_mask_dense(nb::class_<Mask>& mask) {
             return self.segments(int_array(ids, "ids"), int_array(key_ids, "key_ids"),
                                  head_set(heads));
           },
-          arg("ids"), arg("key_ids") = nb::none(), arg("heads") = nb::none(),
+          arg("ids").none(), arg("key_ids") = nb::none(), arg("heads") = nb::none(),
           nb::rv_policy::reference)
       .def(
           "spans",
@@ -144,7 +154,7 @@ void bind_mask_dense(nb::class_<Mask>& mask) {
             return self.spans(int_array(ids, "ids"), int_array(key_ids, "key_ids"),
                               head_set(heads));
           },
-          arg("ids"), arg("key_ids") = nb::none(), arg("heads") = nb::none(),
+          arg("ids").none(), arg("key_ids") = nb::none(), arg("heads") = nb::none(),
           nb::rv_policy::reference)
       .def(
           "prefix_lm",
@@ -155,19 +165,19 @@ void bind_mask_dense(nb::class_<Mask>& mask) {
       .def(
           "keep",
           [](Mask& self, nb::handle keep) -> Mask& { return self.keep(bool_array(keep, "keep")); },
-          arg("keep"), nb::rv_policy::reference)
+          arg("keep").none(), nb::rv_policy::reference)
       .def(
           "blocked",
           [](Mask& self, nb::handle blocked) -> Mask& {
             return self.blocked(bool_array(blocked, "blocked"));
           },
-          arg("blocked"), nb::rv_policy::reference)
+          arg("blocked").none(), nb::rv_policy::reference)
       .def(
           "additive",
           [](Mask& self, nb::handle values) -> Mask& {
             return self.additive(float_array(values, "additive"));
           },
-          arg("values"), nb::rv_policy::reference)
+          arg("values").none(), nb::rv_policy::reference)
       .def(
           "predicate",
           [](Mask& self, nb::handle allows, const std::string& name) -> Mask& {
@@ -189,11 +199,11 @@ void bind_score_mods(nb::module_& m) {
             mods->softcap = softcap;
             mods->threshold = threshold;
             if (!alibi_slopes.is_none()) {
-              mods->alibi_slopes = float_array(alibi_slopes, "alibi_slopes").values();
+              mods->alibi_slopes = float_list(alibi_slopes, "alibi_slopes");
             }
             if (!bias.is_none()) mods->bias = float_array(bias, "bias");
             if (!score_fn.is_none()) mods->score_fn = PythonScoreFunction{hold_callable(score_fn)};
-            if (!sinks.is_none()) mods->sinks = float_array(sinks, "sinks").values();
+            if (!sinks.is_none()) mods->sinks = float_list(sinks, "sinks");
           },
           nb::kw_only(), arg("softcap") = nb::none(), arg("alibi_slopes") = nb::none(),
           arg("bias") = nb::none(), arg("score_fn") = nb::none(), arg("threshold") = nb::none(),
