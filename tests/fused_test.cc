@@ -40,6 +40,18 @@ TEST(FusedSweep, LongSequence) {
   }
 }
 
+// A window unbounded on the right (FlashAttention's window_size = (left, -1)): the tile mask's
+// query intervals saturate instead of overflowing, in the row (decode) and the tile kernels.
+TEST(FusedSweep, WindowUnboundedOnTheRight) {
+  for (const int64_t lq : {5, 130}) {
+    const Problem p(1, 2, 1, lq, 150, 32, 32, 11);
+    for (const Mask& mask : {Mask().window(3, kUnbounded), Mask().window(70, kUnbounded),
+                             Mask().window(kUnbounded, kUnbounded).key_lengths({100})}) {
+      expect_within_rule(p, DType::f32, mask, "Lq=" + std::to_string(lq) + " " + mask.describe());
+    }
+  }
+}
+
 TEST(FusedModifiers, MatchTheReference) {
   const Problem p(1, 4, 2, 70, 150, 32, 16, 77, 3.0f);
   ScoreMods mods;

@@ -101,11 +101,8 @@ def test_window_sides_inclusive_and_unbounded(rng, left, right):
     check_mask(rng, ma.Mask().window(left, right), window(qpos, kpos, left, right), 7, 11)
 
 
-# Library bug (src/mask/tile_mask.cc, TileMaskBuilder::interval): with the right side unbounded
-# the saturated lower bound INT64_MIN+… minus q_first overflows, so the fused kernel hides keys
-# the mask allows in every row after the first few (row kernel) or after the first query tile.
-# allowed_pairs and the reference kernel are right. Remove the marker once fixed.
-@pytest.mark.xfail(strict=True, reason="fused kernel: window(left, UNBOUNDED) overflow bug")
+# FlashAttention's window_size = (left, -1): a window unbounded on the right (once an overflow in
+# the fused kernel's tile mask; tests/fused_test.cc WindowUnboundedOnTheRight).
 @pytest.mark.parametrize("q_len,k_len", [(7, 11), (70, 70)], ids=["row-kernel", "tile-kernel"])
 def test_window_with_unbounded_right_side(rng, q_len, k_len):
     qpos, kpos = positions(q_len, k_len)

@@ -20,8 +20,9 @@ TileMaskBuilder::TileMaskBuilder(const ResolvedMask& mask)
                    !mask.additive_.empty() || !mask.predicates_.empty()) {}
 
 uint64_t TileMaskBuilder::interval(int64_t lo, int64_t hi, int64_t q_first, int64_t q_count) {
-  lo = std::max(lo - q_first, int64_t{0});
-  hi = std::min(hi - q_first, q_count - 1);
+  // lo and hi may be saturated (an unbounded window side): subtracting must saturate too.
+  lo = std::max(saturating_add(lo, -q_first), int64_t{0});
+  hi = std::min(saturating_add(hi, -q_first), q_count - 1);
   if (hi < lo) return 0;
   return low_bits(hi + 1) & ~low_bits(lo);
 }
