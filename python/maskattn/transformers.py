@@ -47,11 +47,15 @@ from ._core import Error, Mask, ScoreMods
 
 try:
     import transformers as _transformers
-    from transformers import masking_utils as _hf_masks
+    from transformers import modeling_utils as _hf_models
 except ImportError as _error:  # pragma: no cover - depends on the environment
     raise ImportError(
         "maskattn.transformers needs the transformers package (pip install transformers)"
     ) from _error
+try:
+    from transformers import masking_utils as _hf_masks
+except ImportError:  # transformers < 4.53: register() says what is missing
+    _hf_masks = None
 
 __all__ = ["register", "attention_forward", "prepare_mask", "PreparedMask", "NAME"]
 
@@ -229,10 +233,15 @@ def _add_windows(mask, windows, absolute, sizes):
         sides = _window_sides(windows, shift)
         if sides is None:
             continue
-        if sides != (None, None):
-            mask.window(*sides)
-            if alignment == "top_left":
-                mask.set_alignment("top_left")
+        left, right = sides
+        if right == 0 and left is None:
+            mask.causal()
+        elif right == 0:
+            mask.sliding_window(left + 1)  # the same pairs, named as transformers names them
+        elif sides != (None, None):
+            mask.window(left, right)
+        if alignment == "top_left" and len(mask):
+            mask.set_alignment("top_left")
         return True
     return False
 
@@ -302,7 +311,7 @@ def prepare_mask(
     kv_length: int,
     q_offset: int = 0,
     kv_offset: int = 0,
-    mask_function=_hf_masks.causal_mask_function,
+    mask_function=None,
     attention_mask=None,
     local_size=None,
     use_vmap: bool = False,
@@ -319,6 +328,7 @@ def prepare_mask(
                 f"[{batch_size}, {q_length}, {kv_length}]")
         return attention_mask
     q_offset, kv_offset = int(q_offset), int(kv_offset)  # static caches give tensors
+    mask_function = mask_function or _hf_masks.causal_mask_function
     parts = _parts_of(mask_function)
     if parts is not None and attention_mask is not None:
         parts = parts + [_KeyKeep(attention_mask)]
@@ -445,8 +455,8 @@ def register(name: str = NAME) -> str:
             f"register: name {name!r} must be a non-empty string that is not one of "
             f"transformers' built-in implementations {list(_BUILT_IN)} and does not contain "
             f"'sdpa', 'flash' or 'flex' (transformers dispatches on those substrings)")
-    interfaces = (getattr(_transformers, "AttentionInterface", None),
-                  getattr(_transformers, "AttentionMaskInterface", None))
+    interfaces = (getattr(_hf_models, "AttentionInterface", None),
+                  getattr(_hf_masks, "AttentionMaskInterface", None))
     if None in interfaces:
         raise Error(
             f"register: transformers {_transformers.__version__} has no AttentionInterface/"
