@@ -23,6 +23,33 @@ from ._api import (
     merge_partials,
 )
 
+# The debugging and data tools (audit, health report, heatmaps, tokens and batches).
+from ._tools import (
+    AuditReport,
+    HeadHealth,
+    HealthReport,
+    audit_mask,
+    health_report,
+    heatmap_svg,
+    write_heatmap,
+    write_mask_heatmap,
+    Vocabulary,
+    TokenBatch,
+    PatchMasking,
+    PAD_ID,
+    UNK_ID,
+    BOS_ID,
+    EOS_ID,
+    SEP_ID,
+    CLS_ID,
+    MASK_ID,
+    collate,
+    cross_attention,
+    image_text,
+    mae_patch_masking,
+    mlm_masking,
+)
+
 try:
     from importlib.metadata import version as _version
 
@@ -44,4 +71,29 @@ __all__ = [
     "cpu_info",
     "gradcheck",
     "merge_partials",
+]
+__all__ += [
+    "AuditReport",
+    "HeadHealth",
+    "HealthReport",
+    "audit_mask",
+    "health_report",
+    "heatmap_svg",
+    "write_heatmap",
+    "write_mask_heatmap",
+    "Vocabulary",
+    "TokenBatch",
+    "PatchMasking",
+    "PAD_ID",
+    "UNK_ID",
+    "BOS_ID",
+    "EOS_ID",
+    "SEP_ID",
+    "CLS_ID",
+    "MASK_ID",
+    "collate",
+    "cross_attention",
+    "image_text",
+    "mae_patch_masking",
+    "mlm_masking",
 ]
