@@ -37,6 +37,7 @@ is the same as sdpa's. docs/python.md ("Hugging Face") has the full table.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -446,6 +447,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     return out, weights
 
 
+def _mask_interface_takes_offsets() -> bool:
+    """Older releases passed ``cache_position`` to mask functions instead of q_length/q_offset."""
+    parameters = inspect.signature(_hf_masks.sdpa_mask).parameters
+    return "q_length" in parameters and "q_offset" in parameters
+
+
 def register(name: str = NAME) -> str:
     """Register maskattn with transformers under ``name`` (default "maskattn"): the attention
     function and the mask function. Idempotent; returns the name."""
@@ -457,10 +464,11 @@ def register(name: str = NAME) -> str:
             f"'sdpa', 'flash' or 'flex' (transformers dispatches on those substrings)")
     interfaces = (getattr(_hf_models, "AttentionInterface", None),
                   getattr(_hf_masks, "AttentionMaskInterface", None))
-    if None in interfaces:
+    if None in interfaces or not _mask_interface_takes_offsets():
         raise Error(
-            f"register: transformers {_transformers.__version__} has no AttentionInterface/"
-            f"AttentionMaskInterface; the maskattn backend needs transformers >= 4.53")
+            f"register: transformers {_transformers.__version__} lacks the interface the "
+            f"maskattn backend uses (AttentionInterface, and AttentionMaskInterface functions "
+            f"taking q_length and q_offset, as in transformers 5.24)")
     interfaces[0].register(name, attention_forward)
     interfaces[1].register(name, prepare_mask)
     return name

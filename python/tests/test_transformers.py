@@ -411,10 +411,22 @@ def test_P45_register_under_a_name_transformers_reserves(name):
         mt.register(name)
 
 
-def test_P46_transformers_without_the_attention_interfaces(monkeypatch):
-    monkeypatch.setattr(mt, "_hf_masks", None)  # as in transformers < 4.53: no masking_utils
-    with pytest.raises(maskattn.Error, match=r"has no AttentionInterface/AttentionMaskInterface; "
-                                             r"the maskattn backend needs transformers >= 4.53"):
+def test_P46_a_transformers_without_the_interfaces_the_backend_uses(monkeypatch):
+    message = (r"register: transformers .* lacks the interface the maskattn backend uses "
+               r"\(AttentionInterface, and AttentionMaskInterface functions taking q_length")
+    monkeypatch.setattr(mt, "_hf_masks", None)  # before 4.53: no masking_utils at all
+    with pytest.raises(maskattn.Error, match=message):
+        mt.register()
+
+    class OlderMaskingUtils:  # a masking_utils whose mask functions take cache_position
+        AttentionMaskInterface = mu.AttentionMaskInterface
+
+        @staticmethod
+        def sdpa_mask(batch_size, cache_position, kv_length, kv_offset=0, **kwargs):
+            raise AssertionError("not called")
+
+    monkeypatch.setattr(mt, "_hf_masks", OlderMaskingUtils)
+    with pytest.raises(maskattn.Error, match=message):
         mt.register()
 
 
