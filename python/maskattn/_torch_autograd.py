@@ -105,13 +105,32 @@ def core_mods_of(mods):
     )
 
 
+_COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def check_tensors(named):
-    """Every attention input must be a torch tensor (the NumPy API is ``maskattn.attention``)."""
+    """query, key and value: CPU torch tensors of one dtype that maskattn computes in."""
+    first_name, first = named[0]
     for name, value in named:
         if not isinstance(value, torch.Tensor):
             raise Error(
                 f"{name} must be a torch.Tensor, got {type(value).__name__}; "
                 f"for NumPy arrays use maskattn.attention"
+            )
+        if value.device.type != "cpu":
+            raise Error(
+                f"{name} (shape {list(value.shape)}) is on {value.device}; maskattn computes on "
+                f"the CPU: move it with .cpu()"
+            )
+        if value.dtype not in _COMPUTE_DTYPES:
+            raise Error(
+                f"{name} has dtype {value.dtype} (shape {list(value.shape)}); maskattn computes "
+                f"in torch.float32, torch.float16 or torch.bfloat16: convert with .float()"
+            )
+        if value.dtype != first.dtype:
+            raise Error(
+                f"{name} has dtype {value.dtype} but {first_name} has {first.dtype}; "
+                f"query, key and value share one dtype"
             )
 
 

@@ -14,5 +14,14 @@ docs/python.md is the guide; this module only gathers the public names.
 from __future__ import annotations
 
 from ._torch_autograd import ScoreMods, attention
+from ._torch_flex import BlockMask, create_block_mask, flex_attention
+from ._torch_sdpa import scaled_dot_product_attention
 
-__all__ = ["ScoreMods", "attention"]
+__all__ = [
+    "BlockMask",
+    "ScoreMods",
+    "attention",
+    "create_block_mask",
+    "flex_attention",
+    "scaled_dot_product_attention",
+]
