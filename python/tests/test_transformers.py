@@ -175,6 +175,33 @@ def test_register_adds_the_attention_and_mask_functions():
     assert mu.ALL_MASK_ATTENTION_FUNCTIONS["maskattn"] is mt.prepare_mask
 
 
+def test_set_attn_implementation_and_from_pretrained_select_maskattn(tmp_path, monkeypatch):
+    calls = []
+    import maskattn.torch as maskattn_torch
+
+    counted = maskattn_torch.attention
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return counted(*args, **kwargs)
+
+    monkeypatch.setattr(maskattn_torch, "attention", counting)
+    model = model_of(config_of("llama"), "sdpa")
+    ids, attention_mask = padded_batch("left")
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=attention_mask).logits
+        model.set_attn_implementation("maskattn")
+        switched = model(input_ids=ids, attention_mask=attention_mask).logits
+        model.save_pretrained(tmp_path)
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp_path, attn_implementation="maskattn").eval()
+        reloaded = loaded(input_ids=ids, attention_mask=attention_mask).logits
+    assert len(calls) == 4  # two layers, two forwards
+    real = attention_mask.bool()
+    torch.testing.assert_close(switched[real], expected[real], **LOGIT_TOLERANCE)
+    torch.testing.assert_close(reloaded[real], expected[real], **LOGIT_TOLERANCE)
+
+
 # --- whole models against sdpa and eager ----------------------------------------------------------
 
 @pytest.mark.parametrize("side", ["left", "right"])
