@@ -6,7 +6,7 @@
     maskattn.transformers.register()
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="maskattn")
 
-Design. transformers (5.x, and 4.x from 4.53) looks attention up in two registries, and
+Design. transformers (5.x; tested with 5.24) looks attention up in two registries, and
 :func:`register` adds ``"maskattn"`` to both:
 
 * ``AttentionMaskInterface``: the function ``masking_utils.create_causal_mask`` (and its sliding
@@ -22,9 +22,10 @@ Design. transformers (5.x, and 4.x from 4.53) looks attention up in two registri
 * ``AttentionInterface``: the function every attention layer calls with query ``[B, Hq, Lq, D]``
   and key/value ``[B, Hkv, Lk, D]`` (after the cache update), returning ``[B, Lq, Hq, Dv]``.
   :func:`attention_forward` runs ``maskattn.torch.attention`` (autograd-aware) on the
-  ``PreparedMask``; a 4-D tensor mask (given by the caller, which transformers passes through
-  untouched) goes to ``maskattn.torch.scaled_dot_product_attention`` with SDPA's meaning (bool:
-  True attends; float: added, with gradients); ``None`` means sdpa's ``is_causal`` rule.
+  ``PreparedMask``'s Mask. A 4-D tensor mask (a caller's own, which transformers passes through
+  untouched) keeps SDPA's meaning: bool → ``Mask.keep`` (True attends), float → a bias added to
+  the scores (with gradients); ``None`` means sdpa's ``is_causal`` rule. Softcap, sinks
+  (``s_aux``) and ``position_bias`` become ``maskattn.torch.ScoreMods``.
 
 Positions. transformers evaluates its mask functions at absolute indices ``q = i + q_offset``,
 ``kv = j + kv_offset``; causal and window pieces depend only on ``d = q − kv`` and become one
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._core import Error, Mask, ScoreMods
+from ._core import Error, Mask
 
 try:
     import transformers as _transformers
@@ -55,7 +56,7 @@ except ImportError as _error:  # pragma: no cover - depends on the environment
     ) from _error
 try:
     from transformers import masking_utils as _hf_masks
-except ImportError:  # transformers < 4.53: register() says what is missing
+except ImportError:  # an older transformers: register() says what is missing
     _hf_masks = None
 
 __all__ = ["register", "attention_forward", "prepare_mask", "PreparedMask", "NAME"]
@@ -324,8 +325,9 @@ def prepare_mask(
         if (attention_mask.batch, attention_mask.q_len, attention_mask.kv_len) != (
                 batch_size, q_length, kv_length):
             raise Error(
-                f"attention_mask: a maskattn PreparedMask for [B, Lq, Lk] = [{attention_mask.batch}, "
-                f"{attention_mask.q_len}, {attention_mask.kv_len}] cannot serve a forward of "
+                f"attention_mask: a maskattn PreparedMask for [B, Lq, Lk] = "
+                f"[{attention_mask.batch}, {attention_mask.q_len}, {attention_mask.kv_len}] "
+                f"cannot serve a forward of "
                 f"[{batch_size}, {q_length}, {kv_length}]")
         return attention_mask
     q_offset, kv_offset = int(q_offset), int(kv_offset)  # static caches give tensors
@@ -350,7 +352,8 @@ def prepare_mask(
 def _check_tensors(query, key, value):
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not isinstance(tensor, torch.Tensor) or tensor.ndim != 4:
-            shape = list(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            is_tensor = isinstance(tensor, torch.Tensor)
+            shape = list(tensor.shape) if is_tensor else type(tensor).__name__
             raise Error(f"maskattn attention backend: {name} is {shape}; expected a 4-D torch "
                         f"tensor [B, H, L, D]")
         if tensor.device.type != "cpu":

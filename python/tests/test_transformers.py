@@ -4,11 +4,12 @@ Tiny randomly initialised models (``from_config``, no download; hidden 32, 2 lay
 100) run with ``attn_implementation="maskattn"`` and with transformers' own "sdpa" and "eager",
 from the same seeded weights, in float32:
 
-* logits at real tokens: ``assert_close(rtol=1e-5, atol=1e-5)`` (measured: ≤ 3e-6). Padded query
-  rows are left out of the eager comparison: eager's finite ``finfo.min`` mask averages all keys
-  of a fully hidden row, where sdpa and maskattn give 0 (docs/python.md, "Hugging Face");
+* logits at real tokens: ``assert_close(rtol=1e-5, atol=1e-5)`` (measured: ≤ 4e-6 on logits up
+  to ~9). Padded query rows are left out of the comparison: eager's finite ``finfo.min``
+  mask averages all keys of a fully hidden row, where sdpa and maskattn give 0 (docs/python.md,
+  "Hugging Face");
 * greedy ``generate()`` with the KV cache, 8 new tokens: identical tokens;
-* gradients of the LM loss for every parameter: max |Δ| ≤ 1e-5 · max |g_sdpa| (measured ≤ 1e-6).
+* gradients of the LM loss for every parameter: max |Δ| ≤ 1e-5 · max |g_sdpa| (measured ≤ 2e-6).
 
 The mask translation is checked on its own against transformers' ``sdpa_mask`` (the dense truth)
 for every mask function transformers composes. maskattn computes in float32, float16 and
@@ -76,7 +77,8 @@ def config_of(family, **overrides):
 
 def model_of(config, implementation, dtype=torch.float32):
     torch.manual_seed(0)  # the same weights for every implementation
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation=implementation)
     return model.to(dtype).eval()
 
 
