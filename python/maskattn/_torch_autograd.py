@@ -1,0 +1,215 @@
+"""The autograd core of ``maskattn.torch``: one ``torch.autograd.Function`` around maskattn's
+forward and backward.
+
+Design:
+
+* The forward saves q, k, v, the output and the LSE (O(N) memory, like FlashAttention); the
+  backward is maskattn's ``attention_backward``, which recomputes the weights from them. Nothing of
+  size Lq×Lk is ever stored for autograd.
+* A ``maskattn.ScoreMods`` is a C++ object holding *copies* of its arrays, so it cannot tell
+  autograd where its bias came from. :class:`ScoreMods` here mirrors its constructor but keeps the
+  torch tensors: a ``bias`` or ``sinks`` tensor that requires grad is an input of the Function and
+  receives ∂L/∂bias (reduced to its own shape by the C++ backward) and ∂L/∂sinks.
+* When nothing requires grad (inference, ``torch.no_grad()``), the Function is bypassed: the call
+  goes straight to the C++ forward, without autograd bookkeeping.
+* The C++ results do not depend on the thread count, so neither do these.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from . import _api, _core
+
+Error = _core.Error
+
+__all__ = ["ScoreMods", "attention", "attention_and_lse", "Call", "core_mods_of"]
+
+
+class ScoreMods:
+    """``maskattn.ScoreMods`` for PyTorch: the same keywords, but ``bias`` and ``sinks`` may be
+    torch tensors that require grad, and then receive gradients.
+
+    ``bias`` broadcasts to [B, Hq, Lq, Lk] (rank ≤ 4) and is added to the scaled scores;
+    ``sinks`` is [Hq]; ``softcap``, ``alibi_slopes``, ``threshold`` and ``score_fn`` are passed to
+    the C++ modifiers unchanged (docs/semantics.md §5 gives the order).
+    """
+
+    def __init__(self, *, softcap=None, alibi_slopes=None, bias=None, score_fn=None,
+                 threshold=None, sinks=None):
+        self.softcap = softcap
+        self.alibi_slopes = alibi_slopes
+        self.bias = bias
+        self.score_fn = score_fn
+        self.threshold = threshold
+        self.sinks = sinks
+
+    def core(self) -> _core.ScoreMods:
+        """The C++ modifiers holding a float32 copy of the current bias and sinks values."""
+        return _core.ScoreMods(
+            softcap=self.softcap,
+            alibi_slopes=_float32_values(self.alibi_slopes),
+            bias=_float32_values(self.bias),
+            score_fn=self.score_fn,
+            threshold=self.threshold,
+            sinks=_float32_values(self.sinks),
+        )
+
+    def __repr__(self):
+        parts = []
+        for name in ("softcap", "alibi_slopes", "bias", "score_fn", "threshold", "sinks"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, torch.Tensor):
+                grad = ", requires_grad" if value.requires_grad else ""
+                parts.append(f"{name}=Tensor{list(value.shape)}{grad}")
+            else:
+                parts.append(f"{name}={value!r}")
+        return "maskattn.torch.ScoreMods(" + ", ".join(parts) + ")"
+
+
+def _float32_values(values):
+    """Values the C++ side can copy: torch tensors as float32 NumPy arrays (NumPy cannot read
+    bfloat16 tensors, and the bindings copy NumPy arrays most directly), anything else as given."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().to("cpu", torch.float32).numpy()
+    return values
+
+
+class Call(NamedTuple):
+    """Everything about one attention call that is not a differentiable tensor."""
+
+    mask: Optional[_core.Mask]
+    mods: Optional[_core.ScoreMods]
+    scale: Optional[float]
+    layout: str
+    threads: Optional[int]
+
+
+def core_mods_of(mods):
+    """(C++ ScoreMods or None, bias tensor or None, sinks tensor or None) for ``mods=``."""
+    if mods is None:
+        return None, None, None
+    if isinstance(mods, _core.ScoreMods):
+        return mods, None, None
+    if isinstance(mods, ScoreMods):
+        bias = mods.bias if isinstance(mods.bias, torch.Tensor) else None
+        sinks = mods.sinks if isinstance(mods.sinks, torch.Tensor) else None
+        return mods.core(), bias, sinks
+    raise Error(
+        f"mods must be None, a maskattn.ScoreMods or a maskattn.torch.ScoreMods, "
+        f"got {type(mods).__name__}"
+    )
+
+
+_COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_tensors(named):
+    """query, key and value: CPU torch tensors of one dtype that maskattn computes in."""
+    first_name, first = named[0]
+    for name, value in named:
+        if not isinstance(value, torch.Tensor):
+            raise Error(
+                f"{name} must be a torch.Tensor, got {type(value).__name__}; "
+                f"for NumPy arrays use maskattn.attention"
+            )
+        if value.device.type != "cpu":
+            raise Error(
+                f"{name} (shape {list(value.shape)}) is on {value.device}; maskattn computes on "
+                f"the CPU: move it with .cpu()"
+            )
+        if value.dtype not in _COMPUTE_DTYPES:
+            raise Error(
+                f"{name} has dtype {value.dtype} (shape {list(value.shape)}); maskattn computes "
+                f"in torch.float32, torch.float16 or torch.bfloat16: convert with .float()"
+            )
+        if value.dtype != first.dtype:
+            raise Error(
+                f"{name} has dtype {value.dtype} but {first_name} has {first.dtype}; "
+                f"query, key and value share one dtype"
+            )
+
+
+def check_mask(mask):
+    if mask is not None and not isinstance(mask, _core.Mask):
+        raise Error(
+            f"mask must be None or a maskattn.Mask, got {type(mask).__name__}; "
+            f"a tensor mask goes to scaled_dot_product_attention's attn_mask"
+        )
+
+
+class _AttentionFunction(torch.autograd.Function):
+    """(q, k, v, bias, sinks) → (out, lse); lse is not differentiable."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, bias, sinks, call: Call):
+        out, lse = _forward(query, key, value, call)
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.call = call
+        ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
+        ctx.sinks_meta = None if sinks is None else (sinks.shape, sinks.dtype)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        query, key, value, out, lse = ctx.saved_tensors
+        call = ctx.call
+        dq, dk, dv, dbias, dsinks = _api.attention_backward(
+            query, key, value, out, lse, dout, call.mask, call.mods, scale=call.scale,
+            layout=call.layout, threads=call.threads, return_mod_grads=True,
+        )
+        bias_grad = _mod_grad(dbias, ctx.bias_meta, ctx.needs_input_grad[3])
+        sinks_grad = _mod_grad(dsinks, ctx.sinks_meta, ctx.needs_input_grad[4])
+        return dq, dk, dv, bias_grad, sinks_grad, None
+
+
+def _mod_grad(grad, meta, needed):
+    """The float32 gradient of a bias or sinks tensor, in that tensor's shape and dtype."""
+    if not needed or grad is None or meta is None:
+        return None
+    shape, dtype = meta
+    return grad.reshape(shape).to(dtype)
+
+
+def _forward(query, key, value, call: Call):
+    return _api.attention(
+        query, key, value, call.mask, call.mods, scale=call.scale, layout=call.layout,
+        threads=call.threads, return_lse=True,
+    )
+
+
+def _needs_autograd(*tensors) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return any(t is not None and t.requires_grad for t in tensors)
+
+
+def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None):
+    """(out, lse) with autograd when any input requires grad; ``bias``/``sinks`` are the torch
+    tensors whose float32 copies ``call.mods`` holds."""
+    if _needs_autograd(query, key, value, bias, sinks):
+        return _AttentionFunction.apply(query, key, value, bias, sinks, call)
+    return _forward(query, key, value, call)
+
+
+def attention(query, key, value, mask=None, mods=None, *, scale=None, layout="bhld",
+              threads=None):
+    """Masked attention with autograd: maskattn.attention for torch tensors.
+
+    ``layout="bhld"``: query [B, Hq, Lq, D], key [B, Hkv, Lk, D], value [B, Hkv, Lk, Dv];
+    ``"blhd"``: L and H swapped. Hq % Hkv == 0 (GQA). ``mask``: a :class:`maskattn.Mask`;
+    ``mods``: a :class:`maskattn.ScoreMods`, or a :class:`maskattn.torch.ScoreMods` whose
+    ``bias``/``sinks`` tensors get gradients. Returns the output in query's dtype and layout; a
+    row with no allowed key gives 0 (and zero gradients), never NaN.
+    """
+    check_tensors((("query", query), ("key", key), ("value", value)))
+    check_mask(mask)
+    core_mods, bias, sinks = core_mods_of(mods)
+    call = Call(mask, core_mods, scale, layout, threads)
+    out, _ = attention_and_lse(query, key, value, call, bias, sinks)
+    return out

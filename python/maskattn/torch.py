@@ -1,0 +1,27 @@
+"""maskattn for PyTorch: drop-ins for ``torch.nn.functional.scaled_dot_product_attention`` and
+``torch.nn.attention.flex_attention``, with autograd through maskattn's CPU backward.
+
+    import maskattn.torch as mt
+    out = mt.attention(q, k, v, mask=maskattn.Mask().causal())      # maskattn's own call
+    out = mt.scaled_dot_product_attention(q, k, v, attn_mask=m)     # SDPA's semantics
+
+Every function is autograd-aware (a ``torch.autograd.Function`` whose backward is
+``maskattn.attention_backward``, saving only the output and the LSE), returns tensors in the
+query's dtype and layout, and gives 0 — never NaN — for a row with no allowed key.
+docs/python.md is the guide; this module only gathers the public names.
+"""
+
+from __future__ import annotations
+
+from ._torch_autograd import ScoreMods, attention
+from ._torch_flex import BlockMask, create_block_mask, flex_attention
+from ._torch_sdpa import scaled_dot_product_attention
+
+__all__ = [
+    "BlockMask",
+    "ScoreMods",
+    "attention",
+    "create_block_mask",
+    "flex_attention",
+    "scaled_dot_product_attention",
+]

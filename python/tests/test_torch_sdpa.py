@@ -1,0 +1,314 @@
+"""maskattn.torch.scaled_dot_product_attention against torch.nn.functional.scaled_dot_product_attention
+(math backend, float64 reference), forward and gradients, by the rule in test_torch_common."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import maskattn  # noqa: E402
+import maskattn.torch as mt  # noqa: E402
+from maskattn._torch_sdpa import converted_masks  # noqa: E402
+from test_torch_common import (  # noqa: E402
+    DTYPES,
+    assert_close_to_math,
+    math_sdpa,
+    randn,
+    torch_sdpa,
+)
+
+B, H, D = 2, 4, 16
+
+
+def qkv(q_len, k_len, heads=H, kv_heads=H, seed=0, value_dim=D):
+    return [
+        randn((B, heads, q_len, D), seed),
+        randn((B, kv_heads, k_len, D), seed + 1),
+        randn((B, kv_heads, k_len, value_dim), seed + 2),
+    ]
+
+
+def bool_mask(shape, seed, keep=0.7):
+    generator = torch.Generator().manual_seed(seed)
+    mask = torch.rand(shape, generator=generator) < keep
+    return mask
+
+
+def float_mask(shape, seed):
+    """Finite values plus some −inf (hidden pairs)."""
+    values = randn(shape, seed)
+    return values.masked_fill(~bool_mask(shape, seed + 7, keep=0.8), float("-inf"))
+
+
+MASK_SHAPES = {
+    "LS": lambda L, S: (L, S),
+    "11LS": lambda L, S: (1, 1, L, S),
+    "B11S": lambda L, S: (B, 1, 1, S),
+    "BHLS": lambda L, S: (B, H, L, S),
+    "1HLS": lambda L, S: (1, H, L, S),
+}
+
+
+def both(**kwargs):
+    """The same keyword arguments for maskattn and PyTorch."""
+    return (
+        lambda q, k, v: mt.scaled_dot_product_attention(q, k, v, **kwargs),
+        lambda q, k, v: torch_sdpa(q, k, v, **kwargs),
+    )
+
+
+@pytest.mark.parametrize("shape_name", sorted(MASK_SHAPES))
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_masks_broadcast_like_pytorch(shape_name, kind):
+    L, S = 10, 23
+    shape = MASK_SHAPES[shape_name](L, S)
+    leaves = qkv(L, S)
+    if kind == "bool":
+        mask = bool_mask(shape, 5)
+        ours, theirs = both(attn_mask=mask)
+    else:  # the float mask is a leaf: its gradient is compared too
+        leaves.append(float_mask(shape, 5))
+
+        def ours(q, k, v, m):
+            return mt.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+        def theirs(q, k, v, m):
+            return torch_sdpa(q, k, v, attn_mask=m)
+
+    assert_close_to_math(ours, theirs, leaves, torch.float32)
+
+
+@pytest.mark.parametrize("q_len,k_len", [(16, 16), (10, 23), (23, 10)])
+def test_is_causal_is_top_left(q_len, k_len):
+    ours, theirs = both(is_causal=True)
+    assert_close_to_math(ours, theirs, qkv(q_len, k_len), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ["plain", "causal", "bool", "float", "gqa"])
+def test_dtypes(dtype, case):
+    L, S = 12, 12
+    leaves = qkv(L, S, kv_heads=2 if case == "gqa" else H)
+    kwargs = {
+        "plain": {},
+        "causal": {"is_causal": True},
+        "bool": {"attn_mask": bool_mask((B, 1, L, S), 3)},
+        "gqa": {"enable_gqa": True, "attn_mask": bool_mask((L, S), 4)},
+    }.get(case)
+    if case == "float":
+        leaves.append(float_mask((1, H, L, S), 6))
+
+        def ours(q, k, v, m):
+            return mt.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+        def theirs(q, k, v, m):
+            return torch_sdpa(q, k, v, attn_mask=m)
+    else:
+        ours, theirs = both(**kwargs)
+    assert_close_to_math(ours, theirs, leaves, dtype)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_gqa(kv_heads):
+    ours, theirs = both(enable_gqa=True, is_causal=True)
+    assert_close_to_math(ours, theirs, qkv(9, 9, kv_heads=kv_heads), torch.float32)
+
+
+def test_single_kv_head_broadcasts_without_enable_gqa():
+    ours, theirs = both()
+    assert_close_to_math(ours, theirs, qkv(7, 9, kv_heads=1), torch.float32)
+
+
+def test_extra_batch_axes_fold_into_b():
+    leaves = [randn((3, 2, H, 6, D), 1), randn((2, H, 9, D), 2), randn((3, 1, H, 9, D), 3),
+              float_mask((3, 1, 1, 6, 9), 4)]
+
+    def ours(q, k, v, m):
+        return mt.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    def theirs(q, k, v, m):
+        return torch_sdpa(q, k, v, attn_mask=m)
+
+    assert_close_to_math(ours, theirs, leaves, torch.float32)
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_low_rank_inputs(rank):
+    shape = (5,) if rank == 3 else ()
+    leaves = [randn((*shape, 6, D), 1), randn((*shape, 9, D), 2), randn((*shape, 9, 8), 3)]
+    ours, theirs = both(attn_mask=bool_mask((6, 9), 4))
+    assert_close_to_math(ours, theirs, leaves, torch.float32)
+
+
+def test_non_contiguous_inputs():
+    """[B, L, H, D] buffers seen as [B, H, L, D], and a head dim taken with a stride."""
+
+    def views(q, k, v):
+        return q.transpose(1, 2), k.transpose(1, 2)[..., ::2], v[:, :, 1::2]
+
+    leaves = [randn((B, 8, H, D), 1), randn((B, 11, H, 2 * D), 2), randn((B, H, 22, D), 3)]
+    mask = bool_mask((8, 11), 5)
+
+    def ours(q, k, v):
+        return mt.scaled_dot_product_attention(*views(q, k, v), attn_mask=mask)
+
+    def theirs(q, k, v):
+        return torch_sdpa(*views(q, k, v), attn_mask=mask)
+
+    assert_close_to_math(ours, theirs, leaves, torch.float32)
+
+
+def test_mask_argument_matches_the_equivalent_attn_mask():
+    """mask=maskattn.Mask() (no L×S tensor) gives what the same pairs as an attn_mask give."""
+    L = 20
+    documents = torch.tensor([[0] * 7 + [1] * 13, [0] * 12 + [1] * 8])
+    structured = maskattn.Mask().causal().segments(documents.numpy()).sliding_window(5)
+    i = torch.arange(L)[:, None]
+    j = torch.arange(L)[None, :]
+    dense = (j <= i) & (i - j < 5) & (documents[:, None, :, None] == documents[:, None, None, :])
+
+    def ours(q, k, v):
+        return mt.scaled_dot_product_attention(q, k, v, mask=structured)
+
+    def theirs(q, k, v):
+        return torch_sdpa(q, k, v, attn_mask=dense)
+
+    assert_close_to_math(ours, theirs, qkv(L, L), torch.float32)
+
+
+def test_mask_argument_intersects_attn_mask_and_is_causal():
+    L = 12
+    padding = maskattn.Mask().key_lengths([9, 12])
+    lengths = torch.tensor([9, 12])
+    keep_keys = torch.arange(L)[None, None, None, :] < lengths[:, None, None, None]
+    extra = bool_mask((L, L), 8, keep=0.8)
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    cases = [
+        ({"attn_mask": extra}, keep_keys & extra),
+        ({"is_causal": True}, keep_keys & causal),
+    ]
+    for kwargs, dense in cases:
+        def ours(q, k, v, kwargs=kwargs):
+            return mt.scaled_dot_product_attention(q, k, v, mask=padding, **kwargs)
+
+        def theirs(q, k, v, dense=dense):
+            return torch_sdpa(q, k, v, attn_mask=dense)
+
+        assert_close_to_math(ours, theirs, qkv(L, L), torch.float32)
+
+
+def test_float_mask_gradient_is_reduced_to_its_shape():
+    L, S = 6, 9
+    q, k, v = qkv(L, S)
+    mask = float_mask((1, 1, L, S), 2).requires_grad_()
+    out = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out.sum().backward()
+    assert mask.grad.shape == mask.shape and mask.grad.dtype == mask.dtype
+    hidden = torch.isinf(mask.detach())
+    assert hidden.any() and (mask.grad[hidden] == 0).all()
+
+
+def test_mods_bias_adds_to_a_float_mask_that_requires_grad():
+    L = 8
+    leaves = qkv(L, L) + [float_mask((L, L), 1), randn((1, H, 1, L), 2)]
+
+    def ours(q, k, v, m, bias):
+        return mt.scaled_dot_product_attention(q, k, v, attn_mask=m,
+                                               mods=mt.ScoreMods(bias=bias))
+
+    def theirs(q, k, v, m, bias):
+        return torch_sdpa(q, k, v, attn_mask=m + bias)
+
+    assert_close_to_math(ours, theirs, leaves, torch.float32)
+
+
+def fully_masked(kind, L=6):
+    """A mask whose row 2 (every head, every batch) hides every key."""
+    keep = bool_mask((L, L), 11, keep=0.8) | torch.eye(L, dtype=torch.bool)
+    keep[2] = False
+    if kind == "bool":
+        return keep
+    return torch.zeros(L, L).masked_fill(~keep, float("-inf"))
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_fully_masked_rows_give_zero_and_zero_gradients(kind):
+    L = 6
+    q, k, v = (x.requires_grad_() for x in qkv(L, L))
+    mask = fully_masked(kind, L)
+    if kind == "float":
+        mask.requires_grad_()
+    out = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out.backward(torch.ones_like(out))
+    assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))
+    assert not torch.isnan(out).any()
+    assert torch.equal(q.grad[:, :, 2], torch.zeros_like(q.grad[:, :, 2]))
+    for grad in (q.grad, k.grad, v.grad) + ((mask.grad,) if kind == "float" else ()):
+        assert torch.isfinite(grad).all()
+    if kind == "float":
+        assert (mask.grad[2] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_pytorch_behaviour_on_fully_masked_rows(kind):
+    """What this PyTorch does on the same rows (recorded, not assumed): since 2.5 the math
+    backend's safe softmax and the CPU flash kernel give 0 and zero gradients, as maskattn does;
+    older versions gave NaN (pytorch #103749)."""
+    L = 6
+    q, k, v = (x.requires_grad_() for x in qkv(L, L))
+    out = math_sdpa(q, k, v, attn_mask=fully_masked(kind, L))
+    out.backward(torch.ones_like(out))
+    version = tuple(int(part) for part in torch.__version__.split(".")[:2])
+    if version >= (2, 5):
+        assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))
+        assert torch.equal(q.grad[:, :, 2], torch.zeros_like(q.grad[:, :, 2]))
+    else:
+        assert torch.isnan(out[:, :, 2]).all()
+    default_backend = torch_sdpa(q.detach(), k.detach(), v.detach(),
+                                 attn_mask=fully_masked(kind, L))
+    if version >= (2, 5):
+        assert torch.equal(default_backend[:, :, 2], torch.zeros_like(out[:, :, 2]))
+
+
+def test_attn_mask_conversion_is_cached():
+    L = 16
+    q, k, v = qkv(L, L)
+    mask = bool_mask((L, L), 1)
+    converted_masks.clear()
+    first = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    count = converted_masks.conversions
+    again = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert converted_masks.conversions == count and torch.equal(first, again)
+    mask[3] = ~mask[3]  # in place: a new _version, a new conversion, a new result
+    changed = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert converted_masks.conversions == count + 1
+    assert not torch.equal(changed[:, :, 3], first[:, :, 3])
+    assert torch.equal(changed[:, :, :3], first[:, :, :3])
+
+
+def test_cache_never_confuses_a_new_tensor_with_a_dead_one():
+    """Same shape, same dtype, maybe the same memory and _version 0: still converted anew."""
+    L = 16
+    q, k, v = qkv(L, L)
+    converted_masks.clear()
+    before = converted_masks.conversions
+    results = []
+    for seed in range(4):
+        mask = bool_mask((L, L), seed) | torch.eye(L, dtype=torch.bool)
+        ours = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        expected = math_sdpa(q.double(), k.double(), v.double(), attn_mask=mask)
+        assert (ours.double() - expected).abs().max() < 1e-5
+        results.append(ours)
+        del mask
+    assert converted_masks.conversions == before + 4
+    assert len(converted_masks) <= 1  # dead tensors' entries are dropped
+
+
+def test_no_grad_inputs_give_no_graph():
+    q, k, v = qkv(5, 5)
+    out = mt.scaled_dot_product_attention(q, k, v)
+    assert out.grad_fn is None and not out.requires_grad
+    with torch.no_grad():
+        out = mt.scaled_dot_product_attention(*(x.requires_grad_() for x in (q, k, v)))
+    assert out.grad_fn is None
