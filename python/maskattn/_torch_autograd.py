@@ -197,6 +197,8 @@ def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None):
     return _forward(query, key, value, call)
 
 
+@torch.compiler.disable(reason="maskattn.torch.attention takes maskattn.Mask objects, which "
+                        "cannot enter a graph; scaled_dot_product_attention with tensor masks can")
 def attention(query, key, value, mask=None, mods=None, *, scale=None, layout="bhld",
               threads=None):
     """Masked attention with autograd: maskattn.attention for torch tensors.

@@ -122,6 +122,7 @@ def evaluate_mask_mod(mask_mod, batch, heads, q_len, kv_len):
     return keep, hides_future
 
 
+@torch.compiler.disable(reason="create_block_mask evaluates mask_mod on real tensors")
 def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cpu", BLOCK_SIZE=128,
                       _compile=False):
     """``torch.nn.attention.flex_attention.create_block_mask`` for maskattn: ``mask_mod(b, h,
@@ -217,7 +218,8 @@ def _aux_output(lse):
     return AuxOutput(lse=lse, max_scores=None)
 
 
-@torch.compiler.disable
+@torch.compiler.disable(reason="maskattn's flex_attention evaluates score_mod on real tensors "
+                        "and takes a BlockMask holding a maskattn.Mask: it runs outside graphs")
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
                    enable_gqa=False, return_lse=False, kernel_options=None, *, return_aux=None,
                    mods=None):

@@ -43,6 +43,7 @@ from ._torch_autograd import (
     check_tensors,
     core_mods_of,
 )
+from ._torch_compile import BREAK_REASON, compiled_attention
 
 Error = _core.Error
 
@@ -252,20 +253,26 @@ def check_sdpa_arguments(attn_mask, dropout_p, is_causal):
         )
 
 
-def _eager_attention(q4, k4, v4, attn_mask, folded, batch, is_causal, scale, mask, mods):
-    """The maskattn call for folded tensors, with the attn_mask converted (and cached)."""
+def _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask=None,
+                     batch=None):
+    """The maskattn call for folded tensors, with the attn_mask converted (and cached under the
+    caller's tensor ``attn_mask`` folded for ``batch``, or under ``folded`` itself)."""
     masks = [mask, _top_left_causal if is_causal else None]
-    context = (batch, tuple(q4.shape[1:3]), k4.shape[2])
+    source = folded if attn_mask is None else attn_mask
+    context = (batch, tuple(q4.shape), k4.shape[2])
     if folded is not None and folded.dtype == torch.bool:
-        masks.append(converted_masks.get(attn_mask, context, lambda: _keep_mask(folded)))
+        masks.append(converted_masks.get(source, context, lambda: _keep_mask(folded)))
     elif folded is not None and folded.requires_grad and torch.is_grad_enabled():
         mods = _bias_mods(mods, folded)
     elif folded is not None:
-        masks.append(converted_masks.get(attn_mask, context, lambda: _additive_mask(folded)))
+        masks.append(converted_masks.get(source, context, lambda: _additive_mask(folded)))
     core_mods, bias, sinks = core_mods_of(mods)
     call = Call(intersect(masks), core_mods, scale, "bhld", None)
     out, _ = attention_and_lse(q4, k4, v4, call, bias, sinks)
     return out
+
+
+_eager_attention_outside_graph = torch.compiler.disable(_eager_attention, reason=BREAK_REASON)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -290,9 +297,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None:
         folded = fold_attn_mask(attn_mask, batch, heads, q_len, k_len)
     if torch.compiler.is_compiling():
-        from ._torch_compile import compiled_attention
-
-        out = compiled_attention(q4, k4, v4, folded, is_causal, scale, mask, mods)
+        out = compiled_attention(q4, k4, v4, folded, is_causal, scale, mask, mods,
+                                 _eager_attention_outside_graph)
     else:
-        out = _eager_attention(q4, k4, v4, attn_mask, folded, batch, is_causal, scale, mask, mods)
+        out = _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask, batch)
     return out.reshape(out_shape)
