@@ -26,8 +26,6 @@ from torch import Tensor
 from . import _api, _core
 from ._torch_autograd import Call
 
-Error = _core.Error
-
 __all__ = ["compiled_attention"]
 
 
