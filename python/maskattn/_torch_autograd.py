@@ -176,10 +176,10 @@ def _mod_grad(grad, meta, needed):
     return grad.reshape(shape).to(dtype)
 
 
-def _forward(query, key, value, call: Call):
+def _forward(query, key, value, call: Call, return_lse=True):
     return _api.attention(
         query, key, value, call.mask, call.mods, scale=call.scale, layout=call.layout,
-        threads=call.threads, return_lse=True,
+        threads=call.threads, return_lse=return_lse,
     )
 
 
@@ -189,12 +189,15 @@ def _needs_autograd(*tensors) -> bool:
     return any(t is not None and t.requires_grad for t in tensors)
 
 
-def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None):
+def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None, want_lse=True):
     """(out, lse) with autograd when any input requires grad; ``bias``/``sinks`` are the torch
-    tensors whose float32 copies ``call.mods`` holds."""
+    tensors whose float32 copies ``call.mods`` holds. Without autograd and ``want_lse=False``,
+    lse is None (not computing it saves an allocation: a few µs of a decoding step)."""
     if _needs_autograd(query, key, value, bias, sinks):
         return _AttentionFunction.apply(query, key, value, bias, sinks, call)
-    return _forward(query, key, value, call)
+    if want_lse:
+        return _forward(query, key, value, call)
+    return _forward(query, key, value, call, return_lse=False), None
 
 
 @torch.compiler.disable(reason="maskattn.torch.attention takes maskattn.Mask objects, which "
@@ -213,5 +216,5 @@ def attention(query, key, value, mask=None, mods=None, *, scale=None, layout="bh
     check_mask(mask)
     core_mods, bias, sinks = core_mods_of(mods)
     call = Call(mask, core_mods, scale, layout, threads)
-    out, _ = attention_and_lse(query, key, value, call, bias, sinks)
+    out, _ = attention_and_lse(query, key, value, call, bias, sinks, want_lse=False)
     return out

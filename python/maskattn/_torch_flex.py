@@ -245,7 +245,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                                  key.shape[2], hides_future)
     core_mods, bias, sinks = core_mods_of(mods)
     call = Call(mask, core_mods, scale, "bhld", None)
-    out, lse = attention_and_lse(query, key, value, call, bias, sinks)
+    out, lse = attention_and_lse(query, key, value, call, bias, sinks, want_lse)
     if return_aux is not None:
         return out, _aux_output(lse if want_lse else None)
     return (out, lse) if want_lse else out
