@@ -13,6 +13,8 @@ Design:
 * When nothing requires grad (inference, ``torch.no_grad()``), the Function is bypassed: the call
   goes straight to the C++ forward, without autograd bookkeeping.
 * The C++ results do not depend on the thread count, so neither do these.
+* There is no double backward: ``create_graph=True`` through maskattn raises NotImplementedError
+  rather than returning gradients that silently carry no second derivative.
 """
 
 from __future__ import annotations
@@ -157,6 +159,11 @@ class _AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if torch.is_grad_enabled():  # backward(create_graph=True): it would silently be wrong
+            raise NotImplementedError(
+                "maskattn has no double backward: its gradients are not differentiable "
+                "(backward with create_graph=True through maskattn attention)"
+            )
         query, key, value, out, lse = ctx.saved_tensors
         call = ctx.call
         dq, dk, dv, dbias, dsinks = _api.attention_backward(

@@ -195,3 +195,14 @@ def test_training_loop_losses_match_pytorch_sdpa():
     assert ours[-1] < ours[0] - 0.5  # it learns
     for step, (a, b) in enumerate(zip(ours, theirs)):
         assert abs(a - b) <= 1e-5 * abs(b), f"step {step}: {a} vs {b}"
+
+
+def test_double_backward_raises_instead_of_a_silent_zero():
+    """create_graph=True would give gradients that carry no second derivative through maskattn;
+    a gradient penalty would silently lose its attention part, so it is refused."""
+    q, k, v = (randn((1, 2, 4, 8), seed).requires_grad_() for seed in (1, 2, 3))
+    out = mt.attention(q, k, v)
+    with pytest.raises(NotImplementedError, match="maskattn has no double backward"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)
+    (grad_q,) = torch.autograd.grad(mt.attention(q, k, v).sum(), q)  # the usual backward
+    assert grad_q.shape == q.shape
