@@ -200,8 +200,8 @@ def test_P36_index_function_result_shape_and_dtype():
 
 def test_P37_flex_block_mask():
     q, k, v = qkv(q_len=6)
-    with pytest.raises(maskattn.Error, match="block_mask must be None or a BlockMask from "
-                                             "create_block_mask, got Tensor"):
+    with pytest.raises(maskattn.Error, match="block_mask must be None, a BlockMask from "
+                                             "create_block_mask or a maskattn.Mask, got Tensor"):
         mt.flex_attention(q, k, v, block_mask=torch.ones(6, 6, dtype=torch.bool))
     wrong = mt.create_block_mask(causal, 3, None, 6, 6)
     with pytest.raises(maskattn.Error, match=r"flex_attention: block_mask shape \[3, 1, 6, 6\] "

@@ -272,3 +272,28 @@ def test_mods_argument():
     capped = mt.flex_attention(q, k, v, mods=maskattn.ScoreMods(softcap=2.0))
     probed = mt.flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: 2.0 * torch.tanh(s / 2))
     assert torch.equal(capped, probed)
+
+
+def test_a_structured_mask_as_block_mask():
+    """block_mask=maskattn.Mask(): packed documents and causal with no dense keep mask."""
+    ids = DOCUMENTS.unsqueeze(0).expand(B, -1).numpy()
+    structured = maskattn.Mask().causal().segments(ids)
+    theirs_mask = flex.create_block_mask(document, None, None, L, L, device="cpu")
+    compare_forward(
+        lambda q, k, v: mt.flex_attention(q, k, v, block_mask=structured, return_lse=True),
+        lambda q, k, v: flex.flex_attention(q, k, v, block_mask=theirs_mask, return_lse=True),
+    )
+
+
+def test_alibi_score_mod_with_a_bottom_right_mask_stays_exact():
+    """With a caller's Mask, positions may differ from indices (bottom-right when Lq < Lk), so
+    an ALiBi score_mod is kept as a bias over indices rather than turned into slopes."""
+    q = randn((1, H, 5, D), 1)
+    k, v = randn((1, H, 9, D), 2), randn((1, H, 9, D), 3)
+    score_mod = SCORE_MODS["alibi_abs"]
+    theirs = flex.flex_attention(q.double(), k.double(), v.double(), score_mod=score_mod,
+                                 block_mask=flex.create_block_mask(
+                                     lambda b, h, i, j: j <= i + 4, None, None, 5, 9,
+                                     device="cpu"))
+    ours = mt.flex_attention(q, k, v, score_mod=score_mod, block_mask=maskattn.Mask().causal())
+    assert max_error(ours, theirs) < 2e-6
