@@ -19,6 +19,8 @@ Design:
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from typing import NamedTuple, Optional
 
 import torch
@@ -144,6 +146,26 @@ def check_mask(mask):
         )
 
 
+class _SavedCall:
+    """The non-tensor part of a call kept for backward. Autograd graphs alive at interpreter
+    exit (an output kept in a global) would otherwise hold the C++ Mask until after the
+    extension is torn down, and nanobind would report it as leaked; an atexit hook drops it."""
+
+    __slots__ = ("call", "__weakref__")
+
+    def __init__(self, call):
+        self.call = call
+
+
+_live_saved_calls = weakref.WeakSet()
+
+
+@atexit.register
+def _release_saved_calls():
+    for saved in list(_live_saved_calls):
+        saved.call = None
+
+
 class _AttentionFunction(torch.autograd.Function):
     """(q, k, v, bias, sinks) → (out, lse); lse is not differentiable."""
 
@@ -151,7 +173,8 @@ class _AttentionFunction(torch.autograd.Function):
     def forward(ctx, query, key, value, bias, sinks, call: Call):
         out, lse = _forward(query, key, value, call)
         ctx.save_for_backward(query, key, value, out, lse)
-        ctx.call = call
+        ctx.saved_call = _SavedCall(call)
+        _live_saved_calls.add(ctx.saved_call)
         ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
         ctx.sinks_meta = None if sinks is None else (sinks.shape, sinks.dtype)
         ctx.mark_non_differentiable(lse)
@@ -165,7 +188,7 @@ class _AttentionFunction(torch.autograd.Function):
                 "(backward with create_graph=True through maskattn attention)"
             )
         query, key, value, out, lse = ctx.saved_tensors
-        call = ctx.call
+        call = ctx.saved_call.call
         dq, dk, dv, dbias, dsinks = _api.attention_backward(
             query, key, value, out, lse, dout, call.mask, call.mods, scale=call.scale,
             layout=call.layout, threads=call.threads, return_mod_grads=True,
