@@ -13,10 +13,14 @@ Design:
 * When nothing requires grad (inference, ``torch.no_grad()``), the Function is bypassed: the call
   goes straight to the C++ forward, without autograd bookkeeping.
 * The C++ results do not depend on the thread count, so neither do these.
+* There is no double backward: ``create_graph=True`` through maskattn raises NotImplementedError
+  rather than returning gradients that silently carry no second derivative.
 """
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from typing import NamedTuple, Optional
 
 import torch
@@ -142,6 +146,26 @@ def check_mask(mask):
         )
 
 
+class _SavedCall:
+    """The non-tensor part of a call kept for backward. Autograd graphs alive at interpreter
+    exit (an output kept in a global) would otherwise hold the C++ Mask until after the
+    extension is torn down, and nanobind would report it as leaked; an atexit hook drops it."""
+
+    __slots__ = ("call", "__weakref__")
+
+    def __init__(self, call):
+        self.call = call
+
+
+_live_saved_calls = weakref.WeakSet()
+
+
+@atexit.register
+def _release_saved_calls():
+    for saved in list(_live_saved_calls):
+        saved.call = None
+
+
 class _AttentionFunction(torch.autograd.Function):
     """(q, k, v, bias, sinks) → (out, lse); lse is not differentiable."""
 
@@ -149,7 +173,8 @@ class _AttentionFunction(torch.autograd.Function):
     def forward(ctx, query, key, value, bias, sinks, call: Call):
         out, lse = _forward(query, key, value, call)
         ctx.save_for_backward(query, key, value, out, lse)
-        ctx.call = call
+        ctx.saved_call = _SavedCall(call)
+        _live_saved_calls.add(ctx.saved_call)
         ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
         ctx.sinks_meta = None if sinks is None else (sinks.shape, sinks.dtype)
         ctx.mark_non_differentiable(lse)
@@ -157,8 +182,13 @@ class _AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if torch.is_grad_enabled():  # backward(create_graph=True): it would silently be wrong
+            raise NotImplementedError(
+                "maskattn has no double backward: its gradients are not differentiable "
+                "(backward with create_graph=True through maskattn attention)"
+            )
         query, key, value, out, lse = ctx.saved_tensors
-        call = ctx.call
+        call = ctx.saved_call.call
         dq, dk, dv, dbias, dsinks = _api.attention_backward(
             query, key, value, out, lse, dout, call.mask, call.mods, scale=call.scale,
             layout=call.layout, threads=call.threads, return_mod_grads=True,
@@ -176,10 +206,10 @@ def _mod_grad(grad, meta, needed):
     return grad.reshape(shape).to(dtype)
 
 
-def _forward(query, key, value, call: Call):
+def _forward(query, key, value, call: Call, return_lse=True):
     return _api.attention(
         query, key, value, call.mask, call.mods, scale=call.scale, layout=call.layout,
-        threads=call.threads, return_lse=True,
+        threads=call.threads, return_lse=return_lse,
     )
 
 
@@ -189,14 +219,19 @@ def _needs_autograd(*tensors) -> bool:
     return any(t is not None and t.requires_grad for t in tensors)
 
 
-def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None):
+def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None, want_lse=True):
     """(out, lse) with autograd when any input requires grad; ``bias``/``sinks`` are the torch
-    tensors whose float32 copies ``call.mods`` holds."""
+    tensors whose float32 copies ``call.mods`` holds. Without autograd and ``want_lse=False``,
+    lse is None (not computing it saves an allocation: a few µs of a decoding step)."""
     if _needs_autograd(query, key, value, bias, sinks):
         return _AttentionFunction.apply(query, key, value, bias, sinks, call)
-    return _forward(query, key, value, call)
+    if want_lse:
+        return _forward(query, key, value, call)
+    return _forward(query, key, value, call, return_lse=False), None
 
 
+@torch.compiler.disable(reason="maskattn.torch.attention takes maskattn.Mask objects, which "
+                        "cannot enter a graph; scaled_dot_product_attention with tensor masks can")
 def attention(query, key, value, mask=None, mods=None, *, scale=None, layout="bhld",
               threads=None):
     """Masked attention with autograd: maskattn.attention for torch tensors.
@@ -211,5 +246,5 @@ def attention(query, key, value, mask=None, mods=None, *, scale=None, layout="bh
     check_mask(mask)
     core_mods, bias, sinks = core_mods_of(mods)
     call = Call(mask, core_mods, scale, layout, threads)
-    out, _ = attention_and_lse(query, key, value, call, bias, sinks)
+    out, _ = attention_and_lse(query, key, value, call, bias, sinks, want_lse=False)
     return out

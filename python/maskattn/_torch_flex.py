@@ -122,6 +122,7 @@ def evaluate_mask_mod(mask_mod, batch, heads, q_len, kv_len):
     return keep, hides_future
 
 
+@torch.compiler.disable(reason="create_block_mask evaluates mask_mod on real tensors")
 def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cpu", BLOCK_SIZE=128,
                       _compile=False):
     """``torch.nn.attention.flex_attention.create_block_mask`` for maskattn: ``mask_mod(b, h,
@@ -172,12 +173,14 @@ _torch_block_masks = _TorchBlockMasks()
 
 
 def _our_block_mask(block_mask):
-    if block_mask is None or isinstance(block_mask, BlockMask):
+    """None, a BlockMask, or a maskattn.Mask (used as it is: structured masks need no dense
+    keep mask); a PyTorch BlockMask is converted through its mask_mod."""
+    if block_mask is None or isinstance(block_mask, (BlockMask, _core.Mask)):
         return block_mask
     if type(block_mask).__name__ == "BlockMask" and hasattr(block_mask, "mask_mod"):
         return _torch_block_masks.get(block_mask)
-    raise Error(f"block_mask must be None or a BlockMask from create_block_mask, got "
-                f"{type(block_mask).__name__}")
+    raise Error(f"block_mask must be None, a BlockMask from create_block_mask or a "
+                f"maskattn.Mask, got {type(block_mask).__name__}")
 
 
 def _check_flex_shapes(query, key, value, block_mask, enable_gqa):
@@ -189,7 +192,7 @@ def _check_flex_shapes(query, key, value, block_mask, enable_gqa):
     if not enable_gqa and heads_q != heads_kv:
         raise Error(f"flex_attention: query has {heads_q} heads but key has {heads_kv}; set "
                     f"enable_gqa=True for grouped-query attention")
-    if block_mask is None:
+    if not isinstance(block_mask, BlockMask):
         return
     batch, heads, q_len, kv_len = block_mask.shape
     want = (query.shape[0], heads_q, query.shape[2], key.shape[2])
@@ -217,14 +220,16 @@ def _aux_output(lse):
     return AuxOutput(lse=lse, max_scores=None)
 
 
-@torch.compiler.disable
+@torch.compiler.disable(reason="maskattn's flex_attention evaluates score_mod on real tensors "
+                        "and takes a BlockMask holding a maskattn.Mask: it runs outside graphs")
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
                    enable_gqa=False, return_lse=False, kernel_options=None, *, return_aux=None,
                    mods=None):
     """``torch.nn.attention.flex_attention.flex_attention`` computed by maskattn, with autograd.
 
     ``block_mask``: from :func:`create_block_mask` (a PyTorch BlockMask is converted through
-    its mask_mod). ``score_mod``: an additive term, a softcap or ALiBi (recognised by probing;
+    its mask_mod), or a :class:`maskattn.Mask` (structured, with no dense keep mask; its own
+    alignment, bottom-right by default, applies). ``score_mod``: an additive term, a softcap or ALiBi (recognised by probing;
     anything else raises maskattn.Error — give maskattn's modifiers as ``mods=`` instead).
     ``return_lse``: also the natural-log LSE [B, Hq, L] (float32, −inf for a row with no allowed
     key, whose output is 0). ``kernel_options`` only tune PyTorch's kernels: ignored.
@@ -236,14 +241,19 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if score_mod is not None and mods is not None:
         raise Error("flex_attention: give score_mod or mods, not both (mods= takes maskattn's "
                     "modifiers for what score_mod cannot express)")
-    mask = block_mask.mask if block_mask is not None else _core.Mask().set_alignment("top_left")
+    own_mask = isinstance(block_mask, _core.Mask)  # its positions need not be the indices
+    if isinstance(block_mask, BlockMask):
+        mask, hides_future = block_mask.mask, block_mask.hides_future
+    elif own_mask:
+        mask, hides_future = block_mask, False
+    else:
+        mask, hides_future = _core.Mask().set_alignment("top_left"), False
     if score_mod is not None:
-        hides_future = block_mask is not None and block_mask.hides_future
         mods = analyse_score_mod(score_mod, query.shape[0], query.shape[1], query.shape[2],
-                                 key.shape[2], hides_future)
+                                 key.shape[2], hides_future, positions_are_indices=not own_mask)
     core_mods, bias, sinks = core_mods_of(mods)
     call = Call(mask, core_mods, scale, "bhld", None)
-    out, lse = attention_and_lse(query, key, value, call, bias, sinks)
+    out, lse = attention_and_lse(query, key, value, call, bias, sinks, want_lse)
     if return_aux is not None:
         return out, _aux_output(lse if want_lse else None)
     return (out, lse) if want_lse else out

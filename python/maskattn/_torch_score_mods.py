@@ -164,8 +164,11 @@ def _alibi_slopes(term, heads, hides_future):
     return None
 
 
-def analyse_score_mod(score_mod, batch, heads, q_len, kv_len, hides_future):
-    """A :class:`maskattn.torch.ScoreMods` doing what ``score_mod`` does (see the module)."""
+def analyse_score_mod(score_mod, batch, heads, q_len, kv_len, hides_future,
+                      positions_are_indices=True):
+    """A :class:`maskattn.torch.ScoreMods` doing what ``score_mod`` does (see the module).
+    ALiBi slopes are used only when the mask's positions are the indices (a BlockMask's are; a
+    caller's maskattn.Mask may align or shift them), else the bias stays a tensor."""
     if not callable(score_mod):
         raise Error(f"score_mod must be callable, got {type(score_mod).__name__}")
     b, h, kv = index_grid(batch, heads, kv_len)
@@ -184,8 +187,9 @@ def analyse_score_mod(score_mod, batch, heads, q_len, kv_len, hides_future):
     softcap = state["cap"] if state["mode"] == "softcap" else None
     if not bias.requires_grad and bool((bias == 0).all()):
         return ScoreMods(softcap=softcap) if softcap is not None else None
-    slopes = _alibi_slopes(bias.detach() if not bias.requires_grad else bias, heads,
-                           hides_future)
+    slopes = None
+    if positions_are_indices:
+        slopes = _alibi_slopes(bias, heads, hides_future)
     if slopes is not None:
         return ScoreMods(softcap=softcap, alibi_slopes=slopes)
     return ScoreMods(softcap=softcap, bias=bias)

@@ -13,6 +13,7 @@ docs/python.md is the guide; this module only gathers the public names.
 
 from __future__ import annotations
 
+from . import _torch_compile  # noqa: F401  (registers the maskattn::sdpa custom ops)
 from ._torch_autograd import ScoreMods, attention
 from ._torch_flex import BlockMask, create_block_mask, flex_attention
 from ._torch_sdpa import scaled_dot_product_attention

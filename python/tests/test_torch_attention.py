@@ -195,3 +195,34 @@ def test_training_loop_losses_match_pytorch_sdpa():
     assert ours[-1] < ours[0] - 0.5  # it learns
     for step, (a, b) in enumerate(zip(ours, theirs)):
         assert abs(a - b) <= 1e-5 * abs(b), f"step {step}: {a} vs {b}"
+
+
+def test_double_backward_raises_instead_of_a_silent_zero():
+    """create_graph=True would give gradients that carry no second derivative through maskattn;
+    a gradient penalty would silently lose its attention part, so it is refused."""
+    q, k, v = (randn((1, 2, 4, 8), seed).requires_grad_() for seed in (1, 2, 3))
+    out = mt.attention(q, k, v)
+    with pytest.raises(NotImplementedError, match="maskattn has no double backward"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)
+    (grad_q,) = torch.autograd.grad(mt.attention(q, k, v).sum(), q)  # the usual backward
+    assert grad_q.shape == q.shape
+
+
+def test_no_nanobind_leak_report_when_a_graph_outlives_the_script():
+    """An output that requires grad kept in a global until exit holds its autograd graph, and
+    with it the call's Mask; the report nanobind prints for objects alive at teardown must not
+    appear (maskattn drops them at exit)."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, maskattn, maskattn.torch as mt\n"
+        "q = torch.randn(1, 2, 5, 8, requires_grad=True)\n"
+        "out = mt.scaled_dot_product_attention(q, q, q, mask=maskattn.Mask().causal())\n"
+        "kept = mt.attention(q, q, q, mask=maskattn.Mask().sliding_window(2))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=dict(os.environ), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "leaked" not in result.stderr, result.stderr

@@ -18,8 +18,6 @@ torch = pytest.importorskip("torch")
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as torch_sdpa  # noqa: E402
 
-import maskattn  # noqa: E402,F401
-import maskattn.torch as mt  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

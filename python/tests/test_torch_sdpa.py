@@ -312,3 +312,37 @@ def test_no_grad_inputs_give_no_graph():
     with torch.no_grad():
         out = mt.scaled_dot_product_attention(*(x.requires_grad_() for x in (q, k, v)))
     assert out.grad_fn is None
+
+
+def test_scale():
+    ours, theirs = both(scale=0.3, attn_mask=bool_mask((9, 11), 2))
+    assert_close_to_math(ours, theirs, qkv(9, 11), torch.float32)
+
+
+def test_learnable_mask_with_core_score_mods():
+    """A float attn_mask that requires grad joins a maskattn.ScoreMods (softcap here) as a bias."""
+    L, cap = 8, 2.0
+    leaves = [randn((B, H, L, D), 1), randn((B, H, L, D), 2), randn((B, H, L, D), 3),
+              float_mask((L, L), 4)]
+
+    def ours(q, k, v, m):
+        return mt.scaled_dot_product_attention(q, k, v, attn_mask=m,
+                                               mods=maskattn.ScoreMods(softcap=cap))
+
+    def theirs(q, k, v, m):
+        scores = cap * torch.tanh(q @ k.transpose(-1, -2) / D**0.5 / cap) + m
+        return torch.softmax(scores, -1) @ v
+
+    assert_close_to_math(ours, theirs, leaves, torch.float32)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "maskattn's fused float32 backward recomputes P = exp(s - lse), and its dk/dv errors grow "
+    "with the score magnitude faster than PyTorch's math backward: the error ratio to the "
+    "2x-naive bound is ~0.3 for scores of std 1, ~0.5-1.3 for std 2, ~1-1.8 for std 3, ~1-3 for "
+    "std 6 (10 seeds each; here 3.1: dk 1.2e-5 vs naive 4e-6). The reference kernel is exact. "
+    "A C++ kernel matter, reported; the other tests use scores of std ~1"))
+def test_large_scores_gradients():
+    leaves = [randn((B, H, 8, D), 11) * 6, randn((B, H, 8, D), 12), randn((B, H, 8, D), 13)]
+    assert_close_to_math(mt.scaled_dot_product_attention, torch_sdpa, leaves, torch.float32,
+                         seed=19)

@@ -1,0 +1,119 @@
+"""maskattn as ``torch.library`` custom ops, so that ``torch.compile(fullgraph=True)`` traces
+``maskattn.torch.scaled_dot_product_attention`` without a graph break.
+
+Design: a custom op's arguments must be tensors and plain values, so the ops take the SDPA
+tensor-mask forms only — a bool keep mask, a float additive mask, a float bias (the float mask
+when it requires grad) and the top-left causal flag — and build the maskattn Mask inside, where
+the tensors are real. ``maskattn::sdpa`` returns (out, lse); its autograd formula calls
+``maskattn::sdpa_backward``, also an op, so the backward graph compiles too. Fake (meta)
+implementations give the shapes: out [B, H, L, Dv] in q's dtype and lse [B, H, L] float32,
+contiguous, as the real calls allocate them.
+
+Limitation: ``mask=`` (a maskattn.Mask) and ``mods=`` are C++ objects with no tensor form, so a
+call that uses them runs outside the graph (``torch.compiler.disable``: a graph break, which
+``fullgraph=True`` reports as an error naming the reason). So do ``maskattn.torch.attention``
+and ``flex_attention``, which evaluate Mask objects and Python callables on real tensors. Give
+the mask as an ``attn_mask`` tensor (or ``is_causal``) for a graph without breaks.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _api, _core
+from ._torch_autograd import Call
+
+__all__ = ["compiled_attention"]
+
+
+def _call_for(attn_mask: Optional[Tensor], bias: Optional[Tensor], is_causal: bool,
+              scale: Optional[float]) -> Call:
+    from ._torch_sdpa import _additive_mask, _keep_mask, _top_left_causal, converted_masks
+
+    masks = []
+    if is_causal:
+        masks.append(_top_left_causal)
+    if attn_mask is not None:
+        convert = _keep_mask if attn_mask.dtype == torch.bool else _additive_mask
+        masks.append(converted_masks.get(attn_mask, "op", lambda: convert(attn_mask)))
+    mask = masks[0] if len(masks) == 1 else (masks[0] & masks[1] if masks else None)
+    mods = None
+    if bias is not None:
+        mods = _core.ScoreMods(bias=bias.detach().to(torch.float32).numpy())
+    return Call(mask, mods, scale, "bhld", None)
+
+
+@torch.library.custom_op("maskattn::sdpa", mutates_args=(), device_types="cpu")
+def sdpa_op(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
+            bias: Optional[Tensor], is_causal: bool, scale: Optional[float]
+            ) -> Tuple[Tensor, Tensor]:
+    call = _call_for(attn_mask, bias, is_causal, scale)
+    return _api.attention(query, key, value, call.mask, call.mods, scale=scale, return_lse=True)
+
+
+@sdpa_op.register_fake
+def _sdpa_fake(query, key, value, attn_mask, bias, is_causal, scale):
+    batch, heads, q_len, _ = query.shape
+    out = query.new_empty((batch, heads, q_len, value.shape[3]))
+    return out, query.new_empty((batch, heads, q_len), dtype=torch.float32)
+
+
+@torch.library.custom_op("maskattn::sdpa_backward", mutates_args=(), device_types="cpu")
+def sdpa_backward_op(query: Tensor, key: Tensor, value: Tensor, out: Tensor, lse: Tensor,
+                     dout: Tensor, attn_mask: Optional[Tensor], bias: Optional[Tensor],
+                     is_causal: bool, scale: Optional[float]
+                     ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    call = _call_for(attn_mask, bias, is_causal, scale)
+    dq, dk, dv, dbias, _ = _api.attention_backward(
+        query, key, value, out, lse, dout, call.mask, call.mods, scale=scale,
+        return_mod_grads=True)
+    if bias is None:
+        return dq, dk, dv, query.new_empty((0,))
+    return dq, dk, dv, dbias.reshape(bias.shape).to(bias.dtype)
+
+
+@sdpa_backward_op.register_fake
+def _sdpa_backward_fake(query, key, value, out, lse, dout, attn_mask, bias, is_causal, scale):
+    dbias = query.new_empty((0,)) if bias is None else bias.new_empty(bias.shape)
+    return (query.new_empty(query.shape), key.new_empty(key.shape),
+            value.new_empty(value.shape), dbias)
+
+
+def _setup_context(ctx, inputs, output):
+    query, key, value, attn_mask, bias, is_causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse, attn_mask, bias)
+    ctx.is_causal, ctx.scale = is_causal, scale
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, dout, _dlse):
+    query, key, value, out, lse, attn_mask, bias = ctx.saved_tensors
+    dq, dk, dv, dbias = torch.ops.maskattn.sdpa_backward(
+        query, key, value, out, lse, dout, attn_mask, bias, ctx.is_causal, ctx.scale)
+    return dq, dk, dv, None, (dbias if ctx.has_bias else None), None, None
+
+
+sdpa_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+BREAK_REASON = ("maskattn: mask= and mods= hold C++ objects, which cannot enter a graph; "
+                "give the mask as an attn_mask tensor (or is_causal) to compile without a break")
+
+
+def compiled_attention(q4, k4, v4, folded_mask, is_causal, scale, mask, mods, outside_graph):
+    """The SDPA call inside a torch.compile region: through the custom op, or (with mask= or
+    mods=) through ``outside_graph``, the eager call wrapped in torch.compiler.disable."""
+    if mask is not None or mods is not None:
+        return outside_graph(q4, k4, v4, folded_mask, is_causal, scale, mask, mods)
+    attn_mask = bias = None
+    if folded_mask is not None and folded_mask.dtype != torch.bool and folded_mask.requires_grad:
+        bias = folded_mask
+    else:
+        attn_mask = folded_mask
+    out, _ = torch.ops.maskattn.sdpa(q4, k4, v4, attn_mask, bias, bool(is_causal),
+                                     None if scale is None else float(scale))
+    return out
