@@ -112,9 +112,12 @@ def attention(
     else:
         result = out
         out_view, _ = core_view(_check_out(out, "out", shape, layout), "out", element)
-    lse = empty_like_framework(q, (batch, heads, q_len), "float32") if return_lse else None
+    lse = lse_view = None
+    if return_lse:
+        lse = empty_like_framework(q, (batch, heads, q_len), "float32")
+        lse_view = core_view(lse, "lse", "")[0]
     _core.attention(
-        qb, kb, vb, out_view, mask, mods, lse, scale, threads_arg(threads), kernel, products,
+        qb, kb, vb, out_view, mask, mods, lse_view, scale, threads_arg(threads), kernel, products,
         check_finite, element,
     )
     return (result, lse) if return_lse else result

@@ -13,6 +13,8 @@ Outputs are allocated in the caller's framework and dtype, in the caller's layou
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from . import _core
@@ -71,12 +73,12 @@ def core_view(x, name: str, element: str):
     if x is None:
         raise Error(f"{name} is None; it needs an array")
     if is_torch(x):
-        if x.device.type != "cpu":  # a meta tensor has no DLPack export at all
+        if not x.is_cpu:  # a meta tensor has no DLPack export at all
             raise Error(
                 f"{name} (shape {list(x.shape)}) is on device '{x.device}', not in CPU memory; "
                 "maskattn computes on the CPU: move it with .cpu()"
             )
-        return x.detach(), element
+        return torch_as_numpy(x.detach() if x.requires_grad else x, element)
     if isinstance(x, np.ndarray):
         if x.dtype.name == "bfloat16":
             return x.view(np.uint16), "bf16"
@@ -86,6 +88,19 @@ def core_view(x, name: str, element: str):
     if hasattr(x, "__array_interface__") or hasattr(x, "__array__"):
         return np.asarray(x), element  # a view where the object allows it
     return np.asarray(x, dtype=np.float32), element  # nested lists, scalars: a copy
+
+
+def torch_as_numpy(x, element: str):
+    """A CPU tensor as a NumPy view of its memory (no copy; any strides): .numpy() costs a
+    fraction of a DLPack export, which dominated small calls. bfloat16, which NumPy lacks,
+    goes as its int16 bits with the "bf16" tag."""
+    torch = sys.modules["torch"]  # imported already: x is a tensor
+    dtype = x.dtype
+    if dtype is torch.float32 or dtype is torch.float16:
+        return x.numpy(), element
+    if dtype is torch.bfloat16:
+        return x.view(torch.int16).numpy(), "bf16"
+    return x, element  # other dtypes: the core names them in its error
 
 
 _DLPACK_CPU = 1  # DLDeviceType kDLCPU
@@ -146,11 +161,9 @@ def empty_like_framework(x, shape, dtype=None):
     ("float32" names float32 in either framework)."""
     if type(x) is np.ndarray:
         return np.empty(shape, dtype=np.float32 if dtype == "float32" else (dtype or x.dtype))
-    if is_torch(x):
-        import torch
-
-        torch_dtype = torch.float32 if dtype == "float32" else (dtype or x.dtype)
-        return torch.empty(shape, dtype=torch_dtype, device=x.device)
+    if is_torch(x):  # a CPU tensor (core_view refused the others)
+        torch = sys.modules["torch"]
+        return torch.empty(shape, dtype=torch.float32 if dtype == "float32" else (dtype or x.dtype))
     np_dtype = np.float32 if dtype == "float32" else (dtype or getattr(x, "dtype", np.float32))
     return np.empty(shape, dtype=np_dtype)
 
@@ -164,8 +177,11 @@ def new_output(like, shape_bhld, layout: str, dtype=None):
         view = user.permute(0, 2, 1, 3) if is_torch(user) else user.transpose(0, 2, 1, 3)
     else:
         user = view = empty_like_framework(like, tuple(shape_bhld), dtype)
-    if type(view) is np.ndarray and view.dtype not in _NATIVE_DTYPES and view.dtype.name == "bfloat16":
-        view = view.view(np.uint16)
+    if type(view) is np.ndarray:
+        if view.dtype not in _NATIVE_DTYPES and view.dtype.name == "bfloat16":
+            view = view.view(np.uint16)
+    else:  # a tensor, as the inputs were
+        view = torch_as_numpy(view, "")[0]
     return user, view
 
 

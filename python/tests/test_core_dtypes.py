@@ -152,7 +152,11 @@ def test_inputs_reach_the_core_without_a_copy(rng):
     assert tag == "bf16" and view.dtype == np.uint16 and np.shares_memory(view, bf16)
     tensor = torch.from_numpy(q).requires_grad_()
     view, _ = _arrays.core_view(tensor, "q", "")
-    assert view.data_ptr() == tensor.data_ptr()
+    assert view.__array_interface__["data"][0] == tensor.data_ptr()
+    bf16_tensor = torch.from_numpy(q).bfloat16().transpose(1, 2)
+    view, tag = _arrays.core_view(bf16_tensor, "q", "")
+    assert tag == "bf16" and view.__array_interface__["data"][0] == bf16_tensor.data_ptr()
+    assert view.strides == tuple(2 * s for s in bf16_tensor.stride())
 
 
 def test_out_is_written_in_place_and_nothing_else(rng):
