@@ -12,6 +12,7 @@
 #include "maskattn/cpu.h"
 #include "maskattn/gradcheck.h"
 #include "maskattn/multihead.h"
+#include "maskattn/tokens.h"
 #include "test_util.h"
 
 namespace maskattn {
@@ -1002,23 +1003,67 @@ TEST(Errors, E98_ForcedProductUnitMissing) {
   }
 }
 
+TEST(Errors, E99_TokensAndBatches) {
+  Vocabulary vocabulary;
+  EXPECT_MASKATTN_ERROR(vocabulary.token(99), "vocabulary: id 99 is outside [0, 7)");
+  EXPECT_MASKATTN_ERROR(vocabulary.add("two words"), "vocabulary: token 'two words' is empty");
+  EXPECT_MASKATTN_ERROR(collate({}, PadSide::right), "collate: no sequences");
+  EXPECT_MASKATTN_ERROR(collate({{2}}, PadSide::right, -1), "collate: min_length = -1 must be ≥ 0");
+  EXPECT_MASKATTN_ERROR(collate({{2, -1}}, PadSide::right), "negative token id -1 at 1");
+  EXPECT_MASKATTN_ERROR(
+      cross_attention(collate({{2}, {3}}, PadSide::right), collate({{2}}, PadSide::right)),
+      "cross_attention: the decoder batch has B=2");
+  EXPECT_MASKATTN_ERROR(image_text({0, 1}, {1}, 4), "image_text: 2 image starts and 1");
+  EXPECT_MASKATTN_ERROR(image_text({4}, {3}, 6), "image tokens [4, 7) outside [0, 6)");
+  EXPECT_MASKATTN_ERROR(mae_patch_masking(10, 1.0, 1), "mae_patch_masking: 10 patches");
+  EXPECT_MASKATTN_ERROR(mlm_masking(Array<int64_t>({3}, {2, 7, 3}), 10, 1),
+                        "mlm_masking: ids have shape [3]; expected [B,L]");
+  EXPECT_MASKATTN_ERROR(mlm_masking(Array<int64_t>({1, 3}, {2, 7, 3}), 10, 1, 1.5),
+                        "mlm_masking: vocabulary size 10 and rate");
+}
+
+TEST(Errors, E100_MergePartialsParts) {
+  std::vector<float> a(12), l(3), out(12);
+  const MutableTensorView out_view(out.data(), {1, 1, 3, 4});
+  EXPECT_MASKATTN_ERROR(merge_partials({}, out_view), "merge_partials: no parts to merge");
+  EXPECT_MASKATTN_ERROR(
+      merge_partials({{TensorView(a.data(), {1, 1, 4, 3}), TensorView(l.data(), {1, 1, 3})}},
+                     out_view),
+      "part 0 out has shape [1,1,4,3] but out is [1,1,3,4]");
+  EXPECT_MASKATTN_ERROR(
+      merge_partials({{TensorView(a.data(), {1, 1, 3, 4}), TensorView(l.data(), {1, 3, 1})}},
+                     out_view),
+      "part 0 lse must be f32 [1,1,3], got f32 [1,3,1]");
+}
+
 // ---- the document and the tests agree ------------------------------------------------------
 
 TEST(Errors, CatalogueEntriesAllHaveTests) {
   std::ifstream doc(std::string(MASKATTN_SOURCE_DIR) + "/docs/errors.md");
   ASSERT_TRUE(doc) << "docs/errors.md missing";
-  std::set<std::string> documented;  // ids of table rows: "| E07 | ..."
+  // An id is E and two or three digits: "| E07 | ..." in the table, "E07_…" as a test name.
+  const auto id_length = [](const std::string& text, size_t first) -> size_t {
+    size_t end = first + 1;
+    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+    const size_t digits = end - first - 1;
+    return text.compare(first, 1, "E") == 0 && (digits == 2 || digits == 3) ? end - first : 0;
+  };
+  std::set<std::string> documented;
   for (std::string line; std::getline(doc, line);) {
-    if (line.size() > 7 && line.compare(0, 3, "| E") == 0 && std::isdigit(line[3]) &&
-        std::isdigit(line[4]) && line.compare(5, 2, " |") == 0) {
-      documented.insert(line.substr(2, 3));
+    if (line.compare(0, 2, "| ") != 0) continue;
+    const size_t length = id_length(line, 2);
+    if (length > 0 && line.compare(2 + length, 2, " |") == 0) {
+      documented.insert(line.substr(2, length));
     }
   }
   std::set<std::string> tested;
   const auto* suite = ::testing::UnitTest::GetInstance()->current_test_suite();
   for (int n = 0; n < suite->total_test_count(); ++n) {
     const std::string name = suite->GetTestInfo(n)->name();
-    if (name.size() > 3 && name[0] == 'E' && name[3] == '_') tested.insert(name.substr(0, 3));
+    const size_t length = id_length(name, 0);
+    if (length > 0 && name.size() > length && name[length] == '_') {
+      tested.insert(name.substr(0, length));
+    }
   }
   EXPECT_GE(documented.size(), 25u);
   EXPECT_EQ(documented, tested);
