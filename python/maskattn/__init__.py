@@ -50,6 +50,8 @@ from ._tools import (
     mlm_masking,
 )
 
+from . import _tools  # noqa: E402  (its names are imported above)
+
 try:
     from importlib.metadata import version as _version
 
@@ -72,28 +74,4 @@ __all__ = [
     "gradcheck",
     "merge_partials",
 ]
-__all__ += [
-    "AuditReport",
-    "HeadHealth",
-    "HealthReport",
-    "audit_mask",
-    "health_report",
-    "heatmap_svg",
-    "write_heatmap",
-    "write_mask_heatmap",
-    "Vocabulary",
-    "TokenBatch",
-    "PatchMasking",
-    "PAD_ID",
-    "UNK_ID",
-    "BOS_ID",
-    "EOS_ID",
-    "SEP_ID",
-    "CLS_ID",
-    "MASK_ID",
-    "collate",
-    "cross_attention",
-    "image_text",
-    "mae_patch_masking",
-    "mlm_masking",
-]
+__all__ += _tools.__all__
