@@ -159,10 +159,12 @@ def attention_backward(
         (qb, kb, vb), ("q", "k", "v"), ("[B,Hq,Lq,D]", "[B,Hkv,Lk,D]", "[B,Hkv,Lk,Dv]"))]
     grads, grad_views = zip(*(new_output(like, shape, layout) for like, shape in zip((q, k, v), shapes)))
     dbias = dsinks = None
-    if mods is not None and mods.bias is not None:
-        dbias = empty_like_framework(q, tuple(mods.bias.shape), "float32")
-    if mods is not None and len(mods.sinks) > 0:
-        dsinks = empty_like_framework(q, (len(mods.sinks),), "float32")
+    if mods is not None:
+        bias = mods.bias
+        if bias is not None:
+            dbias = empty_like_framework(q, tuple(bias.shape), "float32")
+        if len(mods.sinks) > 0:
+            dsinks = empty_like_framework(q, (len(mods.sinks),), "float32")
     _core.attention_backward(
         qb, kb, vb, ob, lse_view, db, *grad_views, dbias, dsinks, mask, mods, scale,
         threads_arg(threads), kernel, products, element,

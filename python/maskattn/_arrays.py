@@ -22,7 +22,6 @@ from . import _core
 Error = _core.Error
 
 _ELEMENT_NAMES = {
-    None: "",
     "bf16": "bf16",
     "bfloat16": "bf16",
     "f16": "f16",

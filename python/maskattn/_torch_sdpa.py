@@ -220,7 +220,8 @@ def _bias_mods(mods, folded):
                 "a float attn_mask that requires grad becomes a bias, which cannot be added to a "
                 "maskattn.ScoreMods with a score_fn; give mods as maskattn.torch.ScoreMods"
             )
-        bias = folded if mods.bias is None else torch.from_numpy(mods.bias) + folded
+        core_bias = mods.bias  # a read-only view: torch.tensor copies it without a warning
+        bias = folded if core_bias is None else torch.tensor(core_bias) + folded
         return ScoreMods(softcap=mods.softcap, alibi_slopes=list(mods.alibi_slopes) or None,
                          bias=bias, threshold=mods.threshold, sinks=list(mods.sinks) or None)
     return mods  # core_mods_of names the bad type

@@ -9,6 +9,7 @@
 
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "arrays.h"
 #include "bindings.h"
@@ -212,10 +213,16 @@ void bind_score_mods(nb::module_& m) {
       .def_ro("threshold", &ScoreMods::threshold)
       .def_ro("alibi_slopes", &ScoreMods::alibi_slopes)
       .def_ro("sinks", &ScoreMods::sinks)
+      // A read-only view of the object's own values (kept alive by it), not a copy per access:
+      // the backward reads the bias's shape on every call, and a bias can be L×L.
       .def_prop_ro("bias",
-                   [](const ScoreMods& self) -> nb::object {
-                     if (!self.bias) return nb::none();
-                     return nb::cast(to_numpy(*self.bias));
+                   [](nb::handle self) -> nb::object {
+                     const ScoreMods& mods = nb::cast<const ScoreMods&>(self);
+                     if (!mods.bias) return nb::none();
+                     const Dims& dims = mods.bias->shape();
+                     const std::vector<size_t> shape(dims.begin(), dims.end());
+                     return nb::cast(nb::ndarray<nb::numpy, const float>(
+                         mods.bias->data(), shape.size(), shape.data(), self));
                    })
       .def_prop_ro("has_score_fn", [](const ScoreMods& self) { return bool(self.score_fn); })
       .def("empty", &ScoreMods::empty)
