@@ -103,6 +103,26 @@ struct Spans {
   HeadSet heads;
 };
 
+// Global tokens (Longformer): a pair hidden by causal/window components is allowed again when its
+// query or its key is global (ids ≠ 0), exactly where spans relax. Padding, chunks, segments,
+// block-sparse layouts, dense masks and predicates still apply. Ids are [B, L] or [1, L] (the same
+// tokens in every sequence).
+struct GlobalTokens {
+  Array<int64_t> query_ids;  // [B or 1, Lq], ≠ 0 = global
+  Array<int64_t> key_ids;    // [B or 1, Lk]
+  bool shared = false;
+  HeadSet heads;
+};
+
+// Block-sparse layout (BigBird, Sparse Transformer, DeepSpeed/Triton block-sparse): query i may
+// attend key j iff layout[b, h, ⌊i / block_q⌋, ⌊j / block_k⌋] ≠ 0, on row and column indices like
+// the dense masks. The layout (rank 2–4) broadcasts to [B, Hq, ⌈Lq / block_q⌉, ⌈Lk / block_k⌉].
+struct BlockSparse {
+  Array<uint8_t> layout;  // 0 or 1
+  int64_t block_q = 1;
+  int64_t block_k = 1;
+};
+
 // Prefix-LM: one bidirectional span over positions [0, length).
 struct Prefix {
   int64_t length = 0;
@@ -146,8 +166,9 @@ struct MaskShape {
 
 using Component =
     std::variant<component::Window, component::Chunk, component::Padding, component::Segments,
-                 component::Spans, component::Prefix, component::DenseBool,
-                 component::DenseAdditive, component::Predicate>;
+                 component::Spans, component::Prefix, component::GlobalTokens,
+                 component::BlockSparse, component::DenseBool, component::DenseAdditive,
+                 component::Predicate>;
 
 class Mask {
  public:
@@ -180,6 +201,16 @@ class Mask {
   Mask& spans(Array<int64_t> ids, HeadSet heads = {});
   Mask& spans(Array<int64_t> query_ids, Array<int64_t> key_ids, HeadSet heads = {});
   Mask& prefix_lm(int64_t length, HeadSet heads = {});
+  // Global tokens (Longformer): ids [B, L] or [L] (every sequence), ≠ 0 = global; the one-array
+  // form is self-attention (Lq == Lk). A global query sees, and a global key is seen by, every
+  // position that causal and window components would hide from it.
+  Mask& global_tokens(Array<int64_t> ids, HeadSet heads = {});
+  Mask& global_tokens(Array<int64_t> query_ids, Array<int64_t> key_ids, HeadSet heads = {});
+
+  // Block-sparse layout [nQ, nK], [H, nQ, nK] or [B, H, nQ, nK] (1 = the block of block_q queries
+  // may attend the block of block_k keys); nQ = ⌈Lq / block_q⌉ and nK = ⌈Lk / block_k⌉ (or 1,
+  // broadcast). Builders of the common layouts are in maskattn/sparse_layouts.h.
+  Mask& block_sparse(Array<uint8_t> layout, int64_t block_q, int64_t block_k);
 
   // Dense masks of rank ≤ 4 that broadcast to [B, Hq, Lq, Lk].
   Mask& keep(Array<uint8_t> keep);        // 1 = may attend

@@ -17,5 +17,6 @@
 #include "maskattn/npy.h"
 #include "maskattn/score_mods.h"
 #include "maskattn/shape.h"
+#include "maskattn/sparse_layouts.h"
 #include "maskattn/tensor.h"
 #include "maskattn/tokens.h"

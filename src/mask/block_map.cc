@@ -119,7 +119,88 @@ BlockMap::BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, boo
     segment_q_.push_back(tile_ranges(segments->query_ids, tile_q_, q_tiles_));
     segment_k_.push_back(tile_ranges(segments->key_ids, tile_k_, k_tiles_));
   }
+  count_global_tokens();
   scan_data_components();
+  classify_layouts();
+}
+
+void BlockMap::count_global_tokens() {
+  const MaskShape& shape = mask_.shape();
+  const auto prefix_of = [](const Array<int64_t>& ids) {
+    const int64_t rows = ids.dim(0), length = ids.dim(1);
+    std::vector<int64_t> prefix(rows * (length + 1), 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t t = 0; t < length; ++t) {
+        prefix[r * (length + 1) + t + 1] = prefix[r * (length + 1) + t] + (ids.at(r, t) != 0);
+      }
+    }
+    return prefix;
+  };
+  for (const component::GlobalTokens* global : mask_.globals_) {
+    GlobalCounts counts{global, prefix_of(global->query_ids), prefix_of(global->key_ids), {}};
+    for (int64_t b = 0; b < shape.batch; ++b) {
+      Range span{INT64_MAX, INT64_MIN};
+      for (int64_t j = 0; j < shape.k_len; ++j) {
+        if (!ResolvedMask::is_global(global->key_ids, b, j)) continue;
+        span.lo = std::min(span.lo, j);
+        span.hi = j;
+      }
+      counts.key_span.push_back(span);
+    }
+    global_counts_.push_back(std::move(counts));
+  }
+}
+
+// A layout block covers whole kernel tiles or parts of them: a tile is full when every layout
+// block it overlaps is on, empty when every one is off. O(blocks) per tile, no element touched.
+void BlockMap::classify_layouts() {
+  const MaskShape& shape = mask_.shape();
+  ScanCache& cache = MaskInternals::scan_cache(*mask_.mask_);
+  for (const ResolvedMask::LayoutRef& layout : mask_.layouts_) {
+    const int64_t block_q = layout.sparse->block_q, block_k = layout.sparse->block_k;
+    const int64_t batch = layout.index.stride[0] == 0 ? 1 : shape.batch;
+    const int64_t heads = layout.index.stride[1] == 0 ? 1 : shape.q_heads;
+    auto kinds = cache.get(shape, tile_q_, tile_k_, layout.component, [&] {
+      ScannedKinds scanned{batch, heads, q_tiles_, k_tiles_, {}};
+      scanned.kinds.reserve(batch * heads * q_tiles_ * k_tiles_);
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+          for (int64_t qt = 0; qt < q_tiles_; ++qt) {
+            const int64_t qb_first = qt * tile_q_ / block_q;
+            const int64_t qb_last = (std::min(shape.q_len, (qt + 1) * tile_q_) - 1) / block_q;
+            for (int64_t kt = 0; kt < k_tiles_; ++kt) {
+              const int64_t kb_first = kt * tile_k_ / block_k;
+              const int64_t kb_last = (std::min(shape.k_len, (kt + 1) * tile_k_) - 1) / block_k;
+              int64_t on = 0;
+              for (int64_t qb = qb_first; qb <= qb_last; ++qb) {
+                for (int64_t kb = kb_first; kb <= kb_last; ++kb) {
+                  on += layout.allows_block(b, h, qb, kb);
+                }
+              }
+              scanned.kinds.push_back(
+                  from_count(on, (qb_last - qb_first + 1) * (kb_last - kb_first + 1)));
+            }
+          }
+        }
+      }
+      return scanned;
+    });
+    LayoutRows rows{kinds, {}};
+    for (int64_t row = 0; row < batch * heads * q_tiles_; ++row) {
+      TileRange range{0, 0};
+      const TileKind* first = kinds->kinds.data() + row * k_tiles_;
+      int64_t kt = 0;
+      while (kt < k_tiles_ && first[kt] == TileKind::empty) ++kt;
+      if (kt < k_tiles_) {
+        int64_t end = k_tiles_;
+        while (first[end - 1] == TileKind::empty) --end;
+        range = {kt, end};
+      }
+      rows.rows.push_back(range);
+    }
+    scanned_.push_back(kinds);
+    layout_rows_.push_back(std::move(rows));
+  }
 }
 
 void BlockMap::scan_data_components() {
@@ -204,7 +285,10 @@ TileKind BlockMap::order_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_e
     }
   }
   if (kind == TileKind::full) return kind;
-  // Spans and prefix-LM can allow pairs the windows hide.
+  // Spans, prefix-LM and global tokens can allow pairs the windows hide.
+  const TileKind global = global_kind(b, h, q_first, q_end, k_first, k_end);
+  if (global == TileKind::full) return global;
+  if (global == TileKind::partial) kind = TileKind::partial;
   for (const component::Spans* spans : mask_.spans_) {
     if (spans->heads.contains(h)) return TileKind::partial;
   }
@@ -218,9 +302,26 @@ TileKind BlockMap::order_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_e
   return kind;
 }
 
+TileKind BlockMap::global_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_end,
+                               int64_t k_first, int64_t k_end) const {
+  TileKind kind = TileKind::empty;
+  const MaskShape& shape = mask_.shape();
+  for (const GlobalCounts& counts : global_counts_) {
+    if (!counts.global->heads.contains(h)) continue;
+    const int64_t q_row = counts.global->query_ids.dim(0) == 1 ? 0 : b;
+    const int64_t k_row = counts.global->key_ids.dim(0) == 1 ? 0 : b;
+    const int64_t* queries = counts.queries.data() + q_row * (shape.q_len + 1);
+    const int64_t* keys = counts.keys.data() + k_row * (shape.k_len + 1);
+    const int64_t global_queries = queries[q_end] - queries[q_first];
+    const int64_t global_keys = keys[k_end] - keys[k_first];
+    if (global_queries == q_end - q_first || global_keys == k_end - k_first) return TileKind::full;
+    if (global_queries > 0 || global_keys > 0) kind = TileKind::partial;
+  }
+  return kind;
+}
+
 BlockMap::TileRange BlockMap::k_tile_range(int64_t b, int64_t h, int64_t q_tile) const {
-  TileRange range{0, k_tiles_};
-  if (!skipping_) return range;
+  if (!skipping_) return {0, k_tiles_};
   const MaskShape& shape = mask_.shape();
   // Keys [lo, hi] (indices) that some query of the tile may see; narrowed component by component.
   int64_t lo = 0, hi = shape.k_len - 1;
@@ -232,24 +333,46 @@ BlockMap::TileRange BlockMap::k_tile_range(int64_t b, int64_t h, int64_t q_tile)
   const int64_t q_last = std::min(shape.q_len, q_first + tile_q_) - 1;
   const int64_t qpos_lo = mask_.qpos(b, q_first), qpos_hi = mask_.qpos(b, q_last);
   const int64_t to_index = -mask_.kpos(b, 0);  // key index = kpos + to_index
-  bool relaxed = false;  // spans or prefix-LM may allow pairs outside the windows
+  bool relaxed = false;  // spans or prefix-LM may allow pairs anywhere outside the windows
   for (const component::Spans* spans : mask_.spans_) relaxed |= spans->heads.contains(h);
   for (const component::Prefix* prefix : mask_.prefixes_) relaxed |= prefix->heads.contains(h);
-  if (!relaxed) {
-    for (const component::Window* window : mask_.windows_) {
-      if (!window->heads.contains(h)) continue;
-      // qpos − left ≤ kpos ≤ qpos + right for some qpos in [qpos_lo, qpos_hi].
-      lo = std::max(lo, saturating_add(saturating_add(qpos_lo, -window->left), to_index));
-      hi = std::min(hi, saturating_add(saturating_add(qpos_hi, window->right), to_index));
+  // Keys [band_lo, band_hi] inside every window, widened by what global tokens allow: every key
+  // for a tile holding a global query, else also the first to the last global key.
+  int64_t band_lo = lo, band_hi = hi;
+  for (const component::Window* window : mask_.windows_) {
+    if (relaxed || !window->heads.contains(h)) continue;
+    // qpos − left ≤ kpos ≤ qpos + right for some qpos in [qpos_lo, qpos_hi].
+    band_lo = std::max(band_lo, saturating_add(saturating_add(qpos_lo, -window->left), to_index));
+    band_hi = std::min(band_hi, saturating_add(saturating_add(qpos_hi, window->right), to_index));
+  }
+  for (const GlobalCounts& counts : global_counts_) {
+    if (!counts.global->heads.contains(h)) continue;
+    const int64_t q_row = counts.global->query_ids.dim(0) == 1 ? 0 : b;
+    const int64_t* queries = counts.queries.data() + q_row * (shape.q_len + 1);
+    const Range keys = counts.key_span[b];
+    if (queries[q_last + 1] > queries[q_first]) {
+      band_lo = 0;
+      band_hi = shape.k_len - 1;
+    } else if (keys.lo <= keys.hi) {
+      const bool band_empty = band_hi < band_lo;
+      band_lo = band_empty ? keys.lo : std::min(band_lo, keys.lo);
+      band_hi = band_empty ? keys.hi : std::max(band_hi, keys.hi);
     }
   }
+  lo = std::max(lo, band_lo);
+  hi = std::min(hi, band_hi);
   for (const component::Chunk* chunk : mask_.chunks_) {
     if (!chunk->heads.contains(h)) continue;
     lo = std::max(lo, floor_div(qpos_lo, chunk->size) * chunk->size + to_index);
     hi = std::min(hi, (floor_div(qpos_hi, chunk->size) + 1) * chunk->size - 1 + to_index);
   }
   if (hi < lo) return {0, 0};
-  return {lo / tile_k_, hi / tile_k_ + 1};
+  TileRange range = {lo / tile_k_, hi / tile_k_ + 1};
+  for (const LayoutRows& layout : layout_rows_) {
+    const TileRange row = layout.at(b, h, q_tile);
+    range = {std::max(range.first, row.first), std::min(range.end, row.end)};
+  }
+  return range.first < range.end ? range : TileRange{0, 0};
 }
 
 TileKind BlockMap::kind(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const {

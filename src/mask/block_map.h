@@ -46,6 +46,30 @@ class BlockMap {
     std::vector<int64_t> prefix;
   };
 
+  // Global tokens: prefix counts of global queries and keys per sequence ([rows, L + 1], rows = B
+  // or 1), and per sequence the first and last global key (lo > hi when there is none).
+  struct GlobalCounts {
+    const component::GlobalTokens* global;
+    std::vector<int64_t> queries, keys;
+    std::vector<Range> key_span;
+  };
+  // Per block-sparse layout, per (b, h, query tile) of its scanned kinds: the key tiles from the
+  // first to the last non-empty one.
+  struct LayoutRows {
+    std::shared_ptr<const ScannedKinds> kinds;
+    std::vector<TileRange> rows;
+    TileRange at(int64_t b, int64_t h, int64_t q_tile) const {
+      const int64_t bb = kinds->batch == 1 ? 0 : b, hh = kinds->heads == 1 ? 0 : h;
+      return rows[(bb * kinds->heads + hh) * kinds->q_tiles + q_tile];
+    }
+  };
+
+  void count_global_tokens();
+  void classify_layouts();
+  // Global tokens allow pairs of the block the windows hide: full when every query or every key
+  // of the block is global, partial when some is, empty otherwise.
+  TileKind global_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_end, int64_t k_first,
+                       int64_t k_end) const;
   // Dense masks and predicates: their blocks classified by one scan of the data (cached in the
   // Mask, so later calls for the same problem size do not rescan).
   void scan_data_components();
@@ -60,7 +84,9 @@ class BlockMap {
   std::vector<PaddingCounts> query_counts_, key_counts_;
   // Per segment component: [B, q_tiles] and [B, k_tiles] id ranges.
   std::vector<std::vector<Range>> segment_q_, segment_k_;
-  std::vector<std::shared_ptr<const ScannedKinds>> scanned_;
+  std::vector<std::shared_ptr<const ScannedKinds>> scanned_;  // layouts included
+  std::vector<GlobalCounts> global_counts_;
+  std::vector<LayoutRows> layout_rows_;
 };
 
 }  // namespace maskattn::detail

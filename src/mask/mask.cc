@@ -234,6 +234,48 @@ Mask& Mask::prefix_lm(int64_t length, HeadSet heads) {
              "prefix_lm(" + std::to_string(length) + ")");
 }
 
+namespace {
+
+// Global-token ids as [rows, L]: a rank-1 [L] array becomes [1, L] (the same tokens in every
+// sequence).
+Array<int64_t> global_id_rows(Array<int64_t> ids, const char* what, const char* layout) {
+  if (ids.rank() == 1) return Array<int64_t>({1, ids.dim(0)}, ids.values());
+  require_rank(ids, 2, what, layout);
+  return ids;
+}
+
+}  // namespace
+
+Mask& Mask::global_tokens(Array<int64_t> ids, HeadSet heads) {
+  Array<int64_t> rows = global_id_rows(std::move(ids), "global_tokens", "[B,L] or [L]");
+  Array<int64_t> copy = rows;
+  return add(component::GlobalTokens{std::move(copy), std::move(rows), true, std::move(heads)},
+             "global_tokens");
+}
+
+Mask& Mask::global_tokens(Array<int64_t> query_ids, Array<int64_t> key_ids, HeadSet heads) {
+  return add(component::GlobalTokens{
+                 global_id_rows(std::move(query_ids), "query global_tokens", "[B,Lq] or [Lq]"),
+                 global_id_rows(std::move(key_ids), "key global_tokens", "[B,Lk] or [Lk]"), false,
+                 std::move(heads)},
+             "global_tokens");
+}
+
+Mask& Mask::block_sparse(Array<uint8_t> layout, int64_t block_q, int64_t block_k) {
+  const std::string label =
+      "block_sparse(" + std::to_string(block_q) + "," + std::to_string(block_k) + ")";
+  if (block_q < 1 || block_k < 1) {
+    throw Error(label + ": block sizes must be ≥ 1 (block_q = " + std::to_string(block_q) +
+                ", block_k = " + std::to_string(block_k) + ")");
+  }
+  if (layout.empty() || layout.rank() < 2 || layout.rank() > 4) {
+    throw Error(label + ": layout has shape " + shape_string(layout.shape()) +
+                "; expected [nQ,nK], [H,nQ,nK] or [B,H,nQ,nK]");
+  }
+  require_binary(layout, label + " layout");
+  return add(component::BlockSparse{std::move(layout), block_q, block_k}, label);
+}
+
 Mask& Mask::keep(Array<uint8_t> keep) {
   require_dense(keep, "keep mask");
   require_binary(keep, "keep mask");

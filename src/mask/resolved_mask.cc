@@ -66,6 +66,54 @@ void check_id_pair(const Array<int64_t>& query_ids, const Array<int64_t>& key_id
   }
 }
 
+void check_global_ids(const component::GlobalTokens& global, const MaskShape& shape,
+                      const std::string& label) {
+  if (global.shared && shape.q_len != shape.k_len) {
+    throw Error(label + ": one id array for queries and keys needs Lq == Lk (got Lq=" +
+                std::to_string(shape.q_len) + ", Lk=" + std::to_string(shape.k_len) +
+                "); give query and key ids separately");
+  }
+  const auto check = [&](const Array<int64_t>& ids, int64_t length, const char* side,
+                         const char* layout) {
+    if ((ids.dim(0) != shape.batch && ids.dim(0) != 1) || ids.dim(1) != length) {
+      throw Error(label + side + "ids have shape " + shape_string(ids.shape()) + "; expected " +
+                  layout + " = " + shape_string({shape.batch, length}) + " (or [" +
+                  std::to_string(length) + "] for every sequence)");
+    }
+  };
+  check(global.query_ids, shape.q_len, global.shared ? " " : " query ", "[B,Lq]");
+  if (!global.shared) check(global.key_ids, shape.k_len, " key ", "[B,Lk]");
+}
+
+// The layout's block counts must be exactly those of the lengths (or 1, broadcast): a layout built
+// for another length would silently mean other pairs.
+BroadcastStrides check_layout(const component::BlockSparse& sparse, const MaskShape& shape,
+                              const std::string& label) {
+  const Dims& dims = sparse.layout.shape();
+  const int rank = static_cast<int>(dims.size());
+  const auto check = [&](int64_t blocks, int64_t block, int64_t length, const char* side,
+                         const char* length_name) {
+    const int64_t needed = (length + block - 1) / block;
+    if (blocks != needed && blocks != 1) {
+      throw Error(label + ": layout " + shape_string(dims) + " has " + std::to_string(blocks) +
+                  " " + side + " blocks of " + std::to_string(block) + ", but " + length_name +
+                  "=" + std::to_string(length) + " needs ⌈" + std::to_string(length) + "/" +
+                  std::to_string(block) + "⌉ = " + std::to_string(needed));
+    }
+  };
+  check(dims[rank - 2], sparse.block_q, shape.q_len, "query", "Lq");
+  check(dims[rank - 1], sparse.block_k, shape.k_len, "key", "Lk");
+  const MaskShape grid = {shape.batch, shape.q_heads, (shape.q_len + sparse.block_q - 1) / sparse.block_q,
+                          (shape.k_len + sparse.block_k - 1) / sparse.block_k};
+  try {
+    return broadcast_to_scores(dims, grid, label + " layout");
+  } catch (const Error&) {
+    throw Error(label + ": layout shape " + shape_string(dims) +
+                " does not broadcast to [B,Hq,nQ,nK] = " +
+                shape_string({grid.batch, grid.q_heads, grid.q_len, grid.k_len}));
+  }
+}
+
 }  // namespace
 
 ResolvedMask::ResolvedMask(const Mask& mask, const MaskShape& shape) : shape_(shape), mask_(&mask) {
@@ -110,6 +158,12 @@ ResolvedMask::ResolvedMask(const Mask& mask, const MaskShape& shape) : shape_(sh
     } else if (const auto* prefix = std::get_if<component::Prefix>(&part)) {
       check_heads(prefix->heads, shape, label);
       prefixes_.push_back(prefix);
+    } else if (const auto* global = std::get_if<component::GlobalTokens>(&part)) {
+      check_global_ids(*global, shape, label);
+      check_heads(global->heads, shape, label);
+      globals_.push_back(global);
+    } else if (const auto* sparse = std::get_if<component::BlockSparse>(&part)) {
+      layouts_.push_back({sparse, check_layout(*sparse, shape, label), n});
     } else if (const auto* dense = std::get_if<component::DenseBool>(&part)) {
       dense_bool_.push_back({dense->values.data(),
                              dense->polarity == component::DenseBool::Polarity::blocked,
@@ -159,7 +213,24 @@ bool ResolvedMask::is_real(const component::Padding& padding, int64_t b, int64_t
   return false;
 }
 
-bool ResolvedMask::in_same_span(int64_t b, int64_t h, int64_t i, int64_t j) const {
+bool ResolvedMask::has_relaxation(int64_t h) const {
+  for (const component::Spans* spans : spans_) {
+    if (spans->heads.contains(h)) return true;
+  }
+  for (const component::Prefix* prefix : prefixes_) {
+    if (prefix->heads.contains(h)) return true;
+  }
+  for (const component::GlobalTokens* global : globals_) {
+    if (global->heads.contains(h)) return true;
+  }
+  return false;
+}
+
+bool ResolvedMask::relaxed(int64_t b, int64_t h, int64_t i, int64_t j) const {
+  for (const component::GlobalTokens* global : globals_) {
+    if (!global->heads.contains(h)) continue;
+    if (is_global(global->query_ids, b, i) || is_global(global->key_ids, b, j)) return true;
+  }
   for (const component::Spans* spans : spans_) {
     if (!spans->heads.contains(h)) continue;
     const int64_t span = spans->query_ids.at(b, i);
@@ -177,13 +248,14 @@ bool ResolvedMask::in_same_span(int64_t b, int64_t h, int64_t i, int64_t j) cons
   return false;
 }
 
-// Causal and window components bound the query–key distance; spans relax exactly these.
+// Causal and window components bound the query–key distance; spans, prefix-LM and global tokens
+// relax exactly these.
 bool ResolvedMask::order_allows(int64_t b, int64_t h, int64_t i, int64_t j) const {
   const int64_t distance = qpos(b, i) - kpos(b, j);  // > 0: the key is in the query's past
   for (const component::Window* window : windows_) {
     if (!window->heads.contains(h)) continue;
     const bool inside = distance <= window->left && -distance <= window->right;
-    if (!inside) return in_same_span(b, h, i, j);
+    if (!inside) return relaxed(b, h, i, j);
   }
   return true;
 }
@@ -202,7 +274,16 @@ bool ResolvedMask::allowed(int64_t b, int64_t h, int64_t i, int64_t j) const {
       return false;
     }
   }
-  return allowed_elementwise(b, h, i, j);
+  return layouts_allow(b, h, i, j) && allowed_elementwise(b, h, i, j);
+}
+
+bool ResolvedMask::layouts_allow(int64_t b, int64_t h, int64_t i, int64_t j) const {
+  for (const LayoutRef& layout : layouts_) {
+    if (!layout.allows_block(b, h, i / layout.sparse->block_q, j / layout.sparse->block_k)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 bool ResolvedMask::allowed_elementwise(int64_t b, int64_t h, int64_t i, int64_t j) const {

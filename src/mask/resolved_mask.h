@@ -39,6 +39,8 @@ class ResolvedMask {
 
   // Every component allows the pair (additive masks hide where they hold −inf).
   bool allowed(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  // The block-sparse layouts allow the pair (true when there are none).
+  bool layouts_allow(int64_t b, int64_t h, int64_t i, int64_t j) const;
   // The per-element components alone: segments, dense keep/blocked, additive −inf, predicates.
   bool allowed_elementwise(int64_t b, int64_t h, int64_t i, int64_t j) const;
 
@@ -56,6 +58,14 @@ class ResolvedMask {
     BroadcastStrides index;
     size_t component;  // index in the Mask, for the scan cache
   };
+  struct LayoutRef {
+    const component::BlockSparse* sparse;
+    BroadcastStrides index;  // into the layout, over [B, Hq, nQ, nK]
+    size_t component;
+    bool allows_block(int64_t b, int64_t h, int64_t q_block, int64_t k_block) const {
+      return sparse->layout.data()[index.offset(b, h, q_block, k_block)] != 0;
+    }
+  };
   struct PredicateRef {
     const component::Predicate* predicate;
     size_t component;
@@ -63,7 +73,13 @@ class ResolvedMask {
 
   bool is_real(const component::Padding& padding, int64_t b, int64_t t) const;
   bool order_allows(int64_t b, int64_t h, int64_t i, int64_t j) const;
-  bool in_same_span(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  // Spans, prefix-LM or global tokens allow again a pair the causal/window components hide.
+  bool relaxed(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  // Head h has a span, prefix or global-token component (pairs outside the windows may be allowed).
+  bool has_relaxation(int64_t h) const;
+  static bool is_global(const Array<int64_t>& ids, int64_t b, int64_t t) {
+    return ids.at(ids.dim(0) == 1 ? 0 : b, t) != 0;
+  }
 
   MaskShape shape_;
   std::vector<int64_t> q_shift_, k_shift_;  // [B]
@@ -73,6 +89,8 @@ class ResolvedMask {
   std::vector<const component::Segments*> segments_;
   std::vector<const component::Spans*> spans_;
   std::vector<const component::Prefix*> prefixes_;
+  std::vector<const component::GlobalTokens*> globals_;
+  std::vector<LayoutRef> layouts_;
   std::vector<DenseRef> dense_bool_;
   std::vector<DenseRef> additive_;
   std::vector<PredicateRef> predicates_;

@@ -48,10 +48,22 @@ uint64_t TileMaskBuilder::real_queries(int64_t b, int64_t q_first, int64_t q_cou
   return bits;
 }
 
-// Causal/window components as an interval of query positions per key, relaxed by spans and
-// prefix-LM; chunks as the interval of positions in the key's chunk.
+uint64_t TileMaskBuilder::global_queries(int64_t b, int64_t h, int64_t q_first,
+                                         int64_t q_count) const {
+  uint64_t bits = 0;
+  for (const component::GlobalTokens* global : mask_.globals_) {
+    if (!global->heads.contains(h)) continue;
+    for (int64_t i = 0; i < q_count; ++i) {
+      if (ResolvedMask::is_global(global->query_ids, b, q_first + i)) bits |= uint64_t{1} << i;
+    }
+  }
+  return bits;
+}
+
+// Causal/window components as an interval of query positions per key, relaxed by spans,
+// prefix-LM and global tokens; chunks as the interval of positions in the key's chunk.
 uint64_t TileMaskBuilder::order_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count,
-                                     int64_t j) const {
+                                     int64_t j, uint64_t global_query_bits) const {
   const int64_t kpos = mask_.kpos(b, j);
   const int64_t to_index = -mask_.qpos(b, 0);  // query index = qpos + to_index
   const auto index_of = [&](int64_t position) { return saturating_add(position, to_index); };
@@ -63,6 +75,12 @@ uint64_t TileMaskBuilder::order_bits(int64_t b, int64_t h, int64_t q_first, int6
                      index_of(saturating_add(kpos, window->left)), q_first, q_count);
   }
   if (bits != low_bits(q_count)) {
+    bits |= global_query_bits;
+    for (const component::GlobalTokens* global : mask_.globals_) {
+      if (global->heads.contains(h) && ResolvedMask::is_global(global->key_ids, b, j)) {
+        bits = low_bits(q_count);
+      }
+    }
     for (const component::Prefix* prefix : mask_.prefixes_) {
       if (prefix->heads.contains(h) && kpos >= 0 && kpos < prefix->length) {
         bits |= interval(index_of(0), index_of(prefix->length - 1), q_first, q_count);
@@ -85,16 +103,34 @@ uint64_t TileMaskBuilder::order_bits(int64_t b, int64_t h, int64_t q_first, int6
   return bits;
 }
 
+uint64_t TileMaskBuilder::layout_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count,
+                                      int64_t j) const {
+  uint64_t bits = low_bits(q_count);
+  for (const ResolvedMask::LayoutRef& layout : mask_.layouts_) {
+    const int64_t block_q = layout.sparse->block_q, k_block = j / layout.sparse->block_k;
+    uint64_t on = 0;
+    for (int64_t q_block = q_first / block_q; q_block * block_q < q_first + q_count; ++q_block) {
+      if (layout.allows_block(b, h, q_block, k_block)) {
+        on |= interval(q_block * block_q, (q_block + 1) * block_q - 1, q_first, q_count);
+      }
+    }
+    bits &= on;
+  }
+  return bits;
+}
+
 void TileMaskBuilder::build(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t k_first,
                             int64_t k_count, uint64_t* allowed) const {
   const uint64_t queries = real_queries(b, q_first, q_count);
+  const uint64_t global_query_bits = global_queries(b, h, q_first, q_count);
   for (int64_t n = 0; n < k_count; ++n) {
     const int64_t j = k_first + n;
     uint64_t bits = queries;
     for (const component::Padding* padding : mask_.key_padding_) {
       if (!mask_.is_real(*padding, b, j)) bits = 0;
     }
-    if (bits != 0) bits &= order_bits(b, h, q_first, q_count, j);
+    if (bits != 0) bits &= order_bits(b, h, q_first, q_count, j, global_query_bits);
+    if (bits != 0 && !mask_.layouts_.empty()) bits &= layout_bits(b, h, q_first, q_count, j);
     if (bits != 0 && per_element_) {
       // Segments, dense masks, additive −inf and predicates: ask the evaluator per pair.
       for (int64_t i = 0; i < q_count; ++i) {

@@ -25,7 +25,12 @@ class TileMaskBuilder {
   // q_first with q_count queries.
   static uint64_t interval(int64_t lo, int64_t hi, int64_t q_first, int64_t q_count);
   uint64_t real_queries(int64_t b, int64_t q_first, int64_t q_count) const;
-  uint64_t order_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t j) const;
+  // The queries of the block that some global-token component of head h makes global.
+  uint64_t global_queries(int64_t b, int64_t h, int64_t q_first, int64_t q_count) const;
+  uint64_t order_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t j,
+                      uint64_t global_query_bits) const;
+  // The queries whose layout block pairs with key j's block, for every block-sparse layout.
+  uint64_t layout_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t j) const;
 
   const ResolvedMask& mask_;
   bool per_element_;  // segments, spans, dense masks or predicates need a look at every pair
