@@ -107,6 +107,17 @@ TEST(Reference, MatchesIndependentOracleForEveryComponent) {
       for (int64_t i = 0; i < lq; ++i)
         for (int64_t j = 0; j < lk; ++j) keep[(b * lq + i) * lk + j] = pattern(b * 11 + i, j);
     for (int64_t n = 0; n < lq * lk; ++n) blocked[n] = pattern(n, 1);
+    std::vector<int64_t> global_q, global_k;  // batch b: positions p with (p + b) % 4 == 1
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t i = 0; i < lq; ++i) global_q.push_back((i + shift + b) % 4 == 1 ? 3 : 0);
+      for (int64_t j = 0; j < lk; ++j) global_k.push_back((j + b) % 4 == 1);
+    }
+    std::vector<uint8_t> layout;  // [Hq=4, ⌈Lq/2⌉, ⌈Lk/3⌉]
+    for (int64_t h = 0; h < 4; ++h)
+      for (int64_t r = 0; r < (lq + 1) / 2; ++r)
+        for (int64_t c = 0; c < (lk + 2) / 3; ++c) layout.push_back((h * 7 + r * 3 + c) % 3 != 0);
+    std::vector<uint8_t> column;  // every other block of 4 queries, any key
+    for (int64_t r = 0; r < (lq + 3) / 4; ++r) column.push_back(r % 2 == 0);
     std::vector<float> additive(4 * lk);
     for (int64_t n = 0; n < 4 * lk; ++n) additive[n] = n % 5 == 0 ? -INFINITY : 0.25f * (n % 3);
 
@@ -169,6 +180,39 @@ TEST(Reference, MatchesIndependentOracleForEveryComponent) {
          [&](int64_t, int64_t, int64_t i, int64_t j) {
            const bool same_span = i + shift >= 2 && i + shift < 5 && j >= 2 && j < 5;
            return j <= i + shift || same_span;
+         }},
+        {"global tokens & causal",
+         Mask().causal().global_tokens(Array<int64_t>({2, lq}, global_q),
+                                       Array<int64_t>({2, lk}, global_k)),
+         [&](int64_t b, int64_t, int64_t i, int64_t j) {
+           // Longformer: a global query sees every key, a global key is seen by every query.
+           const bool global = (i + shift + b) % 4 == 1 || (j + b) % 4 == 1;
+           return j <= i + shift || global;
+         }},
+        {"global tokens [L] & window(1,0) & chunk(6), heads 1-2",
+         Mask().window(1, 0).chunk(6).global_tokens(
+             Array<int64_t>({lq}, {global_q.begin(), global_q.begin() + lq}),
+             Array<int64_t>({lk}, {global_k.begin(), global_k.begin() + lk}), HeadSet::range(1, 3)),
+         [&](int64_t, int64_t h, int64_t i, int64_t j) {
+           const int64_t d = i + shift - j;
+           const bool global = (h == 1 || h == 2) && ((i + shift) % 4 == 1 || j % 4 == 1);
+           return ((d >= 0 && d <= 1) || global) && floor_div(i + shift, 6) == floor_div(j, 6);
+         }},
+        {"block-sparse [Hq,nQ,nK] 2x3 & key padding",
+         Mask()
+             .block_sparse(Array<uint8_t>({4, (lq + 1) / 2, (lk + 2) / 3}, layout), 2, 3)
+             .key_lengths({lk, lk - 2}),
+         [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+           return (h * 7 + (i / 2) * 3 + j / 3) % 3 != 0 && j < (b == 0 ? lk : lk - 2);
+         }},
+        {"block-sparse [nQ,1] & global & causal",
+         Mask()
+             .causal()
+             .global_tokens(Array<int64_t>({2, lq}, global_q), Array<int64_t>({2, lk}, global_k))
+             .block_sparse(Array<uint8_t>({(lq + 3) / 4, 1}, column), 4, 5),
+         [&](int64_t b, int64_t, int64_t i, int64_t j) {
+           const bool global = (i + shift + b) % 4 == 1 || (j + b) % 4 == 1;
+           return (j <= i + shift || global) && (i / 4) % 2 == 0;
          }},
         {"keep [B,1,Lq,Lk] & blocked [Lq,Lk]",
          Mask()

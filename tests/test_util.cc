@@ -128,6 +128,25 @@ std::vector<std::pair<std::string, Mask>> sweep_masks(const RandomProblem& p) {
   }
   std::vector<uint8_t> dense(p.Lq * p.Lk);
   for (int64_t n = 0; n < p.Lq * p.Lk; ++n) dense[n] = (n * 2654435761u >> 7) % 5 != 0;
+  // Global tokens at positions ≡ 3 (mod 41); a per-head block layout of 16 queries × 48 keys
+  // (neither a kernel tile); BigBird over blocks of 32, cut to [⌈Lq/32⌉, ⌈Lk/32⌉].
+  std::vector<int64_t> global_q, global_k;
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t i = 0; i < p.Lq; ++i) global_q.push_back((i + p.Lk - p.Lq + b) % 41 == 3);
+    for (int64_t j = 0; j < p.Lk; ++j) global_k.push_back((j + b) % 41 == 3);
+  }
+  const int64_t n_q16 = (p.Lq + 15) / 16, n_k48 = (p.Lk + 47) / 48;
+  std::vector<uint8_t> layout(p.Hq * n_q16 * n_k48);
+  for (int64_t n = 0; n < static_cast<int64_t>(layout.size()); ++n) {
+    layout[n] = (n * 2654435761u >> 9) % 3 != 0;
+  }
+  const int64_t n_q32 = (p.Lq + 31) / 32, n_k32 = (p.Lk + 31) / 32;
+  const Array<uint8_t> bigbird = bigbird_layout(std::max(n_q32, n_k32), {3, 2, 2, 7});
+  std::vector<uint8_t> bigbird_cut;
+  for (int64_t r = 0; r < n_q32; ++r) {
+    for (int64_t c = 0; c < n_k32; ++c) bigbird_cut.push_back(bigbird.at(r, c));
+  }
+  const Array<int64_t> globals_q({p.B, p.Lq}, global_q), globals_k({p.B, p.Lk}, global_k);
   std::vector<float> additive(p.Lk);
   for (int64_t j = 0; j < p.Lk; ++j) additive[j] = j % 9 == 0 ? -INFINITY : 0.0f;
   return {
@@ -155,6 +174,21 @@ std::vector<std::pair<std::string, Mask>> sweep_masks(const RandomProblem& p) {
       {"predicate", Mask().predicate([](int64_t, int64_t h, int64_t i, int64_t j) {
          return (i + 2 * j + h) % 7 != 3;
        })},
+      {"global & window(20,10)", Mask().window(20, 10).global_tokens(globals_q, globals_k)},
+      {"causal & global@0 & padding & segments",
+       Mask()
+           .causal()
+           .global_tokens(globals_q, globals_k, HeadSet{0})
+           .key_lengths(std::vector<int64_t>(p.B, p.Lk * 2 / 3))
+           .segments(Array<int64_t>({p.B, p.Lq}, seg_q), Array<int64_t>({p.B, p.Lk}, seg_k))},
+      {"block-sparse [Hq] 16x48",
+       Mask().block_sparse(Array<uint8_t>({p.Hq, n_q16, n_k48}, layout), 16, 48)},
+      {"bigbird 32 & global & sliding window & chunk",
+       Mask()
+           .sliding_window(50)
+           .global_tokens(globals_q, globals_k)
+           .block_sparse(Array<uint8_t>({n_q32, n_k32}, bigbird_cut), 32, 32)
+           .chunk(300)},
   };
 }
 
