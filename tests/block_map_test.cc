@@ -34,6 +34,14 @@ std::vector<Case> catalogue(int64_t lq, int64_t lk) {
     }
   }
   for (int64_t n = 0; n < 2 * lq * lk; ++n) dense.push_back((n / 7) % 3 != 0);
+  std::vector<int64_t> global_q, global_k;  // the first token and every 9th of each sequence
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t i = 0; i < lq; ++i) global_q.push_back((i + b) % 9 == 0);
+    for (int64_t j = 0; j < lk; ++j) global_k.push_back((j + b) % 9 == 0);
+  }
+  std::vector<uint8_t> layout, rows;
+  for (int64_t n = 0; n < 3 * ((lq + 2) / 3) * ((lk + 1) / 2); ++n) layout.push_back(n % 5 < 2);
+  for (int64_t n = 0; n < 2 * ((lq + 3) / 4); ++n) rows.push_back(n % 3 != 1);
   for (int64_t n = 0; n < 3 * lk; ++n) additive.push_back(n % 4 == 0 ? -INFINITY : (n % 3) * 0.5f);
   return {
       {"none", Mask()},
@@ -57,6 +65,16 @@ std::vector<Case> catalogue(int64_t lq, int64_t lk) {
       {"predicate", Mask().predicate([](int64_t b, int64_t h, int64_t i, int64_t j) {
          return (i / 3 + j / 4 + b + h) % 3 != 0;
        })},
+      {"global & window", Mask().window(3, 1).global_tokens(Array<int64_t>({2, lq}, global_q),
+                                                            Array<int64_t>({2, lk}, global_k))},
+      {"global [L] & causal @1 & chunk",
+       Mask().causal().chunk(11).global_tokens(
+           Array<int64_t>({lq}, {global_q.begin(), global_q.begin() + lq}),
+           Array<int64_t>({lk}, {global_k.begin(), global_k.begin() + lk}), HeadSet{1})},
+      {"block-sparse [Hq,nQ,nK] 3x2",
+       Mask().block_sparse(Array<uint8_t>({3, (lq + 2) / 3, (lk + 1) / 2}, layout), 3, 2)},
+      {"block-sparse [B,1,nQ,1] 4x64 & causal",
+       Mask().causal().block_sparse(Array<uint8_t>({2, 1, (lq + 3) / 4, 1}, rows), 4, 64)},
   };
 }
 
@@ -113,6 +131,59 @@ TEST(BlockMap, SlidingWindowVisitsOnlyTheBand) {
   int64_t visited = 0;
   for (uint8_t kind : map.values()) visited += kind != 0;
   EXPECT_EQ(visited, 16 + 15);  // the diagonal and the band just below it
+}
+
+TEST(BlockMap, LongformerVisitsTheBandAndTheGlobalRowsAndColumns) {
+  // N = 1024, tiles of 64, window(128, 128), global tokens 0..3 and 700: the band (3 partial
+  // tiles wide at most 5), key tiles 0 and 10 for every query tile, and every key tile for the
+  // query tiles holding a global token (0 and 10). Nothing else, and no tile is scanned.
+  std::vector<int64_t> ids(1024, 0);
+  for (const int64_t t : {0, 1, 2, 3, 700}) ids[t] = 1;
+  const Mask mask = Mask().window(128, 128).global_tokens(Array<int64_t>({1024}, ids));
+  const MaskShape shape = {1, 1, 1024, 1024};
+  const Array<uint8_t> map = block_map(mask, shape);
+  const detail::ResolvedMask resolved(mask, shape);
+  const detail::BlockMap blocks(resolved, 64, 64);
+  int64_t visited = 0;
+  for (int64_t qt = 0; qt < 16; ++qt) {
+    for (int64_t kt = 0; kt < 16; ++kt) {
+      const bool band = std::abs(qt - kt) <= 2, global = qt == 0 || qt == 10 || kt == 0 || kt == 10;
+      const uint8_t kind = map.values()[qt * 16 + kt];
+      EXPECT_EQ(kind != 0, band || global) << qt << "," << kt;
+      visited += kind != 0;
+    }
+    const detail::BlockMap::TileRange range = blocks.k_tile_range(0, 0, qt);
+    if (qt == 0 || qt == 10) {
+      EXPECT_EQ(range.first, 0);
+      EXPECT_EQ(range.end, 16);
+    } else {
+      EXPECT_EQ(range.first, 0) << qt;  // the global key tile 0
+      EXPECT_EQ(range.end, std::max<int64_t>(std::min<int64_t>(qt + 3, 16), 11)) << qt;
+    }
+  }
+  EXPECT_LT(visited, 16 * 16 / 2);
+}
+
+TEST(BlockMap, BlockSparseLayoutsAreClassifiedWithoutTouchingElements) {
+  // Layout blocks of 32 under tiles of 64: a tile is full when its four blocks are on, empty when
+  // none is, else partial; the row's key tiles run from its first to its last non-empty one.
+  std::vector<uint8_t> layout(8 * 8, 0);
+  for (int64_t r = 0; r < 8; ++r) {
+    layout[r * 8 + r] = 1;        // the diagonal block
+    layout[r * 8 + (r ^ 1)] = 1;  // its partner in the same 64-tile: diagonal tiles are full
+  }
+  layout[0 * 8 + 6] = 1;  // one block of tile (0, 3): partial
+  const Mask mask = Mask().block_sparse(Array<uint8_t>({8, 8}, layout), 32, 32);
+  const MaskShape shape = {1, 1, 256, 256};
+  const Array<uint8_t> map = block_map(mask, shape);
+  const std::vector<uint8_t> expected = {1, 0, 0, 2, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1};
+  EXPECT_EQ(map.values(), expected);
+  const detail::ResolvedMask resolved(mask, shape);
+  const detail::BlockMap blocks(resolved, 64, 64);
+  EXPECT_EQ(blocks.k_tile_range(0, 0, 0).first, 0);
+  EXPECT_EQ(blocks.k_tile_range(0, 0, 0).end, 4);
+  EXPECT_EQ(blocks.k_tile_range(0, 0, 2).first, 2);
+  EXPECT_EQ(blocks.k_tile_range(0, 0, 2).end, 3);
 }
 
 TEST(BlockMap, DenseScanIsCachedInTheMask) {

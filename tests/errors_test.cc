@@ -34,6 +34,13 @@ struct Problem {
   }
 };
 
+// A block-sparse layout of ones of the given shape.
+Array<uint8_t> layout_of(Dims shape) {
+  int64_t count = 1;
+  for (const int64_t size : shape) count *= size;
+  return Array<uint8_t>(std::move(shape), std::vector<uint8_t>(count, 1));
+}
+
 // CLI: the command must fail with one line on stderr containing `message`, and create no file.
 void expect_cli_error(const std::string& arguments, const std::string& message,
                       const std::string& must_not_exist = "", int exit_code = 1) {
@@ -1034,6 +1041,63 @@ TEST(Errors, E100_MergePartialsParts) {
       merge_partials({{TensorView(a.data(), {1, 1, 3, 4}), TensorView(l.data(), {1, 3, 1})}},
                      out_view),
       "part 0 lse must be f32 [1,1,3], got f32 [1,3,1]");
+}
+
+TEST(Errors, E101_BlockSparseBuilder) {
+  const Array<uint8_t> layout({2, 2}, {1, 0, 0, 1});
+  EXPECT_MASKATTN_ERROR(Mask().block_sparse(layout, 0, 64), "block_sparse(0,64)",
+                        "block sizes must be ≥ 1");
+  EXPECT_MASKATTN_ERROR(Mask().block_sparse(Array<uint8_t>({4}, {1, 0, 0, 1}), 2, 2),
+                        "layout has shape [4]; expected [nQ,nK], [H,nQ,nK] or [B,H,nQ,nK]");
+  EXPECT_MASKATTN_ERROR(Mask().block_sparse(Array<uint8_t>({2, 2}, {1, 2, 0, 1}), 2, 2),
+                        "block_sparse(2,2) layout must hold only 0 and 1, found 2 at flat index 1");
+}
+
+TEST(Errors, E102_BlockSparseLayoutDoesNotCoverTheLengths) {
+  Problem p;  // B=2, Hq=4, Lq=3, Lk=5
+  EXPECT_MASKATTN_ERROR(p.run(Mask().block_sparse(layout_of({2, 2}), 2, 2)),
+                        "block_sparse(2,2): layout [2,2] has 2 key blocks of 2, but Lk=5 needs "
+                        "⌈5/2⌉ = 3");
+  EXPECT_MASKATTN_ERROR(p.run(Mask().block_sparse(layout_of({2, 3}), 1, 2)),
+                        "block_sparse(1,2): layout [2,3] has 2 query blocks of 1, but Lq=3 needs "
+                        "⌈3/1⌉ = 3");
+  EXPECT_MASKATTN_ERROR(
+      p.run(Mask().block_sparse(layout_of({3, 2, 3}), 2, 2)),
+      "block_sparse(2,2): layout shape [3,2,3] does not broadcast to [B,Hq,nQ,nK] = [2,4,2,3]");
+  EXPECT_NO_THROW(p.run(Mask().block_sparse(layout_of({1, 3}), 1, 2)));  // one row broadcasts
+}
+
+TEST(Errors, E103_GlobalTokenIds) {
+  Problem p;  // B=2, Hq=4, Lq=3, Lk=5
+  EXPECT_MASKATTN_ERROR(Mask().global_tokens(Array<int64_t>({1, 1, 3}, {1, 0, 0})),
+                        "global_tokens has shape [1,1,3]; expected [B,L] or [L]");
+  const Array<int64_t> five({5}, {1, 0, 0, 0, 0});
+  EXPECT_MASKATTN_ERROR(p.run(Mask().global_tokens(five)),
+                        "global_tokens: one id array for queries and keys needs Lq == Lk (got "
+                        "Lq=3, Lk=5); give query and key ids separately");
+  EXPECT_MASKATTN_ERROR(
+      p.run(Mask().global_tokens(Array<int64_t>({3, 3}, std::vector<int64_t>(9)), five)),
+      "global_tokens query ids have shape [3,3]; expected [B,Lq] = [2,3] (or "
+      "[3] for every sequence)");
+  EXPECT_MASKATTN_ERROR(p.run(Mask().global_tokens(Array<int64_t>({3}, {0, 0, 1}),
+                                                   Array<int64_t>({4}, {1, 0, 0, 0}))),
+                        "global_tokens key ids have shape [1,4]; expected [B,Lk] = [2,5]");
+  EXPECT_MASKATTN_ERROR(
+      p.run(Mask().global_tokens(Array<int64_t>({3}, {0, 0, 1}), five, HeadSet{4})),
+      "global_tokens applies to head 4 but the query has Hq=4 heads");
+}
+
+TEST(Errors, E104_SparseLayoutBuilders) {
+  EXPECT_MASKATTN_ERROR(bigbird_layout(0), "bigbird_layout: blocks = 0 must be ≥ 1");
+  EXPECT_MASKATTN_ERROR(bigbird_layout(8, {2, 2, 3, 0}),
+                        "bigbird_layout: sliding_blocks = 2 must be odd");
+  EXPECT_MASKATTN_ERROR(bigbird_layout(8, {3, -1, 3, 0}),
+                        "bigbird_layout: global_blocks = -1 must be ≥ 0");
+  EXPECT_MASKATTN_ERROR(strided_layout(8, 0, 2), "strided_layout: local_blocks = 0 must be ≥ 1");
+  EXPECT_MASKATTN_ERROR(strided_layout(8, 2, 2, true, -1),
+                        "strided_layout: heads = -1 must be ≥ 0");
+  EXPECT_MASKATTN_ERROR(fixed_layout(8, 2, 3),
+                        "fixed_layout: summary_blocks = 3 exceeds chunk_blocks = 2");
 }
 
 // ---- the document and the tests agree ------------------------------------------------------

@@ -14,6 +14,14 @@ TEST(MaskBuilder, DescribeListsComponentsInOrder) {
   EXPECT_EQ(Mask().prefix_lm(3).key_lengths({2}).describe(), "prefix_lm(3) & key_lengths");
 }
 
+TEST(MaskBuilder, DescribeNamesSparseComponents) {
+  const Mask mask = Mask()
+                        .sliding_window(4)
+                        .global_tokens(Array<int64_t>({6}, {1, 0, 0, 0, 0, 0}), HeadSet{0, 1})
+                        .block_sparse(Array<uint8_t>({2, 2}, {1, 1, 0, 1}), 64, 32);
+  EXPECT_EQ(mask.describe(), "sliding_window(4) & global_tokens@heads=0,1 & block_sparse(64,32)");
+}
+
 TEST(MaskBuilder, LabelLastRenamesTheNewestComponent) {
   Mask mask = Mask().causal().key_lengths({1});
   mask.label_last("--mask key-lengths:len.npy");

@@ -158,6 +158,47 @@ TEST(Spans, WithoutCausalOrWindowChangeNothing) {
             (Rows{"111", "111", "111"}));
 }
 
+TEST(GlobalTokens, LongformerWindowWithGlobalRowsAndColumns) {
+  // window(1,1) with token 0 and token 4 global: their rows and columns are full.
+  const Mask mask = Mask().window(1, 1).global_tokens(Array<int64_t>({1, 6}, {1, 0, 0, 0, 1, 0}));
+  EXPECT_EQ(grid(mask, {1, 1, 6, 6}),
+            (Rows{"111111", "111.1.", "11111.", "1.111.", "111111", "1...11"}));
+}
+
+TEST(GlobalTokens, WithCausalEarlierQueriesSeeALaterGlobalKey) {
+  const Mask mask = Mask().causal().global_tokens(Array<int64_t>({4}, {0, 0, 1, 0}));
+  EXPECT_EQ(grid(mask, {1, 1, 4, 4}), (Rows{"1.1.", "111.", "1111", "1111"}));
+}
+
+TEST(GlobalTokens, DoNotRelaxPaddingChunksOrSegments) {
+  const Mask mask = Mask()
+                        .causal()
+                        .global_tokens(Array<int64_t>({1, 6}, {1, 0, 0, 0, 0, 0}))
+                        .key_lengths({5})
+                        .segments(Array<int64_t>({1, 6}, {1, 1, 1, 2, 2, 2}));
+  EXPECT_EQ(grid(mask, {1, 1, 6, 6}),
+            (Rows{"111...", "11....", "111...", "...1..", "...11.", "...11."}));
+}
+
+TEST(GlobalTokens, QueryAndKeySidesForADecodingStep) {
+  // Two new queries after 4 cached keys (bottom-right): key 1 is global, query 0 is not.
+  const Mask mask = Mask().causal().global_tokens(Array<int64_t>({1, 2}, {0, 1}),
+                                                  Array<int64_t>({1, 5}, {0, 1, 0, 0, 0}));
+  EXPECT_EQ(grid(mask, {1, 1, 2, 5}), (Rows{"1111.", "11111"}));
+}
+
+TEST(BlockSparse, LayoutBlocksOnIndicesAndBroadcastOverHeads) {
+  // Blocks of 2 queries × 3 keys; the last block row and column are short.
+  const Mask mask = Mask().block_sparse(Array<uint8_t>({3, 2}, {1, 0, 0, 1, 1, 1}), 2, 3);
+  EXPECT_EQ(grid(mask, {1, 2, 5, 5}, 0, 1), (Rows{"111..", "111..", "...11", "...11", "11111"}));
+}
+
+TEST(BlockSparse, AndsWithTheOtherComponents) {
+  const Mask mask =
+      Mask().causal().block_sparse(Array<uint8_t>({2, 2}, {1, 0, 0, 1}), 2, 2).key_lengths({3});
+  EXPECT_EQ(grid(mask, {1, 1, 4, 4}), (Rows{"1...", "11..", "..1.", "..1."}));
+}
+
 TEST(PrefixLm, PrefixIsBidirectionalRestCausal) {
   EXPECT_EQ(grid(Mask().causal().prefix_lm(3), {1, 1, 5, 5}),
             (Rows{"111..", "111..", "111..", "1111.", "11111"}));
