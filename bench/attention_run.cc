@@ -25,7 +25,9 @@ int main(int argc, char** argv) {
   app.add_option("--lq", c.q_len);
   app.add_option("--lk", c.k_len);
   app.add_option("--dim", c.dim);
-  app.add_option("--mask", c.mask, "none | causal | window:W | padded");
+  app.add_option("--mask", c.mask,
+                 "none | causal | window:W | padded | longformer:W:G[:spread] | "
+                 "bigbird:BLOCK:S:G:R | dense-longformer:… | dense-bigbird:…");
   app.add_option("--dtype", dtype)->check(CLI::IsMember({"f32", "f16", "bf16"}));
   app.add_option("--kernel", kernel)->check(CLI::IsMember({"fused", "reference"}));
   app.add_option("--threads", threads);
@@ -62,13 +64,21 @@ int main(int argc, char** argv) {
     getrusage(RUSAGE_SELF, &usage);
     // The backward's five products (S, dP, dV, dK, dQ) against the forward's two: 2·(3D + 2Dv).
     const double flops = bench::flops_per_pair(c) * (pass == "backward" ? 2.5 : 1.0);
+    // The 64×64 tiles the kernel visits (block map: not empty) and how many need the element mask.
+    const Array<uint8_t> tiles =
+        block_map(bench::make_mask(c), {c.batch, c.heads, c.q_len, c.k_len});
+    const auto visited = std::count_if(tiles.values().begin(), tiles.values().end(),
+                                       [](uint8_t kind) { return kind != 0; });
+    const auto partial = std::count(tiles.values().begin(), tiles.values().end(), uint8_t{2});
     std::printf(
         "median_ms=%.3f min_ms=%.3f max_ms=%.3f allowed_pairs=%.0f dense_pairs=%.0f "
-        "gflops_allowed=%.1f gflops_dense=%.1f peak_rss_mib=%.1f io_mib=%.1f\n",
+        "gflops_allowed=%.1f gflops_dense=%.1f peak_rss_mib=%.1f io_mib=%.1f tiles_visited=%ld "
+        "tiles_partial=%ld tiles_total=%ld\n",
         median, ms.front(), ms.back(), bench::allowed_pairs(c), bench::dense_pairs(c),
         bench::allowed_pairs(c) * flops / median * 1e-6,
         bench::dense_pairs(c) * flops / median * 1e-6, usage.ru_maxrss / 1024.0,
-        tensors.bytes() / (1 << 20));
+        tensors.bytes() / (1 << 20), static_cast<long>(visited), static_cast<long>(partial),
+        static_cast<long>(tiles.numel()));
   } catch (const std::exception& error) {
     std::fprintf(stderr, "attention_run: %s\n", error.what());
     return 1;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "maskattn/error.h"
+#include "sparse_cases.h"
 
 namespace maskattn::bench {
 
@@ -16,6 +17,7 @@ std::vector<int64_t> padded_lengths(const Case& c) {
 }
 
 Mask make_mask(const Case& c) {
+  if (is_sparse_mask(c.mask)) return make_sparse_mask(c);
   if (c.mask == "none") return Mask();
   if (c.mask == "causal") return Mask().causal();
   if (c.mask.rfind("window:", 0) == 0) return Mask().sliding_window(std::stoll(c.mask.substr(7)));
@@ -27,6 +29,7 @@ Mask make_mask(const Case& c) {
 }
 
 double allowed_pairs(const Case& c) {
+  if (is_sparse_mask(c.mask)) return sparse_allowed_pairs(c);
   double per_head = 0;
   if (c.mask == "padded") {
     for (int64_t length : padded_lengths(c)) per_head += static_cast<double>(length) * length;
