@@ -134,6 +134,24 @@ bool consume_mask_and_mods(FuzzedDataProvider& in, const Shapes& s, Mask& mask, 
       });
     }
     if (parts & 2048) mask.prefix_lm(in.ConsumeIntegralInRange<int64_t>(-1, 10));
+    if (parts & (1u << 17)) {  // global tokens, one array per side
+      std::vector<int64_t> q_ids(s.B * s.Lq), k_ids(s.B * s.Lk);
+      for (int64_t& x : q_ids) x = in.ConsumeIntegralInRange<int64_t>(0, 4) == 0;
+      for (int64_t& x : k_ids) x = in.ConsumeIntegralInRange<int64_t>(0, 4) == 0;
+      mask.global_tokens(Array<int64_t>({s.B, s.Lq}, q_ids), Array<int64_t>({s.B, s.Lk}, k_ids),
+                         in.ConsumeBool() ? HeadSet{} : HeadSet{0});
+    }
+    if (parts & (1u << 18)) {  // a block-sparse layout; block counts off by one now and then
+      const int64_t block_q = in.ConsumeIntegralInRange<int64_t>(0, 20);
+      const int64_t block_k = in.ConsumeIntegralInRange<int64_t>(1, 20);
+      const int64_t n_q =
+          (s.Lq + std::max<int64_t>(block_q, 1) - 1) / std::max<int64_t>(block_q, 1);
+      const int64_t n_k =
+          (s.Lk + block_k - 1) / block_k + in.ConsumeIntegralInRange<int64_t>(0, 8) / 8;
+      std::vector<uint8_t> layout(s.Hq * n_q * n_k);
+      for (uint8_t& x : layout) x = in.ConsumeBool();
+      mask.block_sparse(Array<uint8_t>({s.Hq, n_q, n_k}, layout), block_q, block_k);
+    }
     if (parts & 4096) mods.softcap = in.ConsumeIntegralInRange<int>(0, 40) / 4.0;
     if (parts & 8192) {
       for (int64_t h = 0; h < s.Hq; ++h) mods.alibi_slopes.push_back(0.25f * (h + 1));

@@ -254,11 +254,12 @@ Mask& Mask::global_tokens(Array<int64_t> ids, HeadSet heads) {
 }
 
 Mask& Mask::global_tokens(Array<int64_t> query_ids, Array<int64_t> key_ids, HeadSet heads) {
-  return add(component::GlobalTokens{
-                 global_id_rows(std::move(query_ids), "query global_tokens", "[B,Lq] or [Lq]"),
-                 global_id_rows(std::move(key_ids), "key global_tokens", "[B,Lk] or [Lk]"), false,
-                 std::move(heads)},
-             "global_tokens");
+  return add(
+      component::GlobalTokens{
+          global_id_rows(std::move(query_ids), "query global_tokens", "[B,Lq] or [Lq]"),
+          global_id_rows(std::move(key_ids), "key global_tokens", "[B,Lk] or [Lk]"), false,
+          std::move(heads)},
+      "global_tokens");
 }
 
 Mask& Mask::block_sparse(Array<uint8_t> layout, int64_t block_q, int64_t block_k) {

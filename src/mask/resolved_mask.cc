@@ -103,7 +103,8 @@ BroadcastStrides check_layout(const component::BlockSparse& sparse, const MaskSh
   };
   check(dims[rank - 2], sparse.block_q, shape.q_len, "query", "Lq");
   check(dims[rank - 1], sparse.block_k, shape.k_len, "key", "Lk");
-  const MaskShape grid = {shape.batch, shape.q_heads, (shape.q_len + sparse.block_q - 1) / sparse.block_q,
+  const MaskShape grid = {shape.batch, shape.q_heads,
+                          (shape.q_len + sparse.block_q - 1) / sparse.block_q,
                           (shape.k_len + sparse.block_k - 1) / sparse.block_k};
   try {
     return broadcast_to_scores(dims, grid, label + " layout");
