@@ -277,6 +277,42 @@ def test_flex_attention_takes_a_block_sparse_mask_as_its_block_mask(rng):
     assert torch.equal(from_mask_mod, from_layout)
 
 
+def test_longformer_global_attention_mask_is_global_tokens():
+    """Hugging Face's LongformerSelfAttention (float64, its global projections set to the local
+    ones, so that only the pattern differs) against window(w/2, w/2) & global_tokens & padding:
+    attention_window w is two-sided, the global_attention_mask goes in unchanged."""
+    pytest.importorskip("transformers")
+    from transformers import LongformerConfig
+    from transformers.models.longformer.modeling_longformer import LongformerSelfAttention
+
+    torch.manual_seed(0)
+    batch, length, embed, heads, attention_window = 2, 32, 32, 4, 8
+    config = LongformerConfig(hidden_size=embed, num_attention_heads=heads,
+                              attention_window=[attention_window], attention_probs_dropout_prob=0)
+    layer = LongformerSelfAttention(config, layer_id=0).eval().double()
+    for name in ("query", "key", "value"):
+        getattr(layer, name + "_global").load_state_dict(getattr(layer, name).state_dict())
+    hidden = torch.randn(batch, length, embed, dtype=torch.float64)
+    global_attention_mask = torch.zeros(batch, length, dtype=torch.long)
+    global_attention_mask[:, 0] = 1
+    global_attention_mask[0, 13] = global_attention_mask[1, 20] = 1
+    attention_mask = torch.ones(batch, length, dtype=torch.long)
+    attention_mask[1, -5:] = 0
+    # LongformerModel.forward's encoding of the two masks: -10000 padding, 0 local, +10000 global.
+    merged = attention_mask * (global_attention_mask + 1)
+    encoded = torch.where(merged == 0, -1e4, torch.where(merged == 2, 1e4, 0.0)).double()
+    with torch.no_grad():
+        expected = layer(hidden, attention_mask=encoded, is_index_masked=encoded < 0,
+                         is_index_global_attn=encoded > 0, is_global_attn=True)[0]
+        q, k, v = (getattr(layer, name)(hidden).view(batch, length, heads, -1).float()
+                   for name in ("query", "key", "value"))
+    mask = (ma.Mask().window(attention_window // 2, attention_window // 2)
+            .global_tokens(global_attention_mask)
+            .key_keep(attention_mask).query_keep(attention_mask))  # HF zeroes padded queries
+    out = ma.attention(q, k, v, mask, layout="blhd").reshape(batch, length, embed)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)  # f32 inputs
+
+
 # --- the layout builders ------------------------------------------------------------------------
 
 
