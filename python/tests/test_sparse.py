@@ -6,7 +6,7 @@ layouts and dense masks still apply); a block-sparse layout allows (i, j) iff
 layout[b, h, i // block_q, j // block_k] is 1, on indices. Each case goes through test_core_masks'
 check_mask (allowed_pairs, attention and LSE against the float64 reference); dtypes, gradients,
 the bitwise equality with a dense keep mask of the same pairs, block maps, the builders'
-properties and the errors (the C++ library's, and docs/errors.md rows P60–P62) follow.
+properties and the errors (the C++ library's E101–E104, and this layer's P60–P62) follow.
 """
 
 from __future__ import annotations
@@ -399,7 +399,7 @@ def test_a_builders_layout_at_a_block_size_masks_attention(rng):
 # --- errors -------------------------------------------------------------------------------------
 
 
-def test_global_token_ids_must_fit_the_call():
+def test_global_token_ids_must_fit_the_call():  # E103
     ids = np.zeros((B, 9), np.int64)
     with raises(r"^global_tokens ids have shape \[2,9\]; expected \[B,Lq\] = \[2,8\] \(or \[8\] "
                 r"for every sequence\)"):
@@ -417,7 +417,7 @@ def test_global_token_ids_must_fit_the_call():
         ma.allowed_pairs(ma.Mask().global_tokens([0, 1], heads=[5]), 1, 2, 2)
 
 
-def test_one_global_id_array_needs_as_many_queries_as_keys():
+def test_one_global_id_array_needs_as_many_queries_as_keys():  # E103
     with raises(r"^global_tokens: one id array for queries and keys needs Lq == Lk \(got Lq=9, "
                 r"Lk=10\); give query and key ids separately"):
         ma.allowed_pairs(ma.Mask().causal().global_tokens(np.zeros(9)), 1, 1, 9, 10)
@@ -432,7 +432,7 @@ def test_global_token_ids_are_integers():
         ma.Mask().global_tokens(None)
 
 
-def test_a_layout_must_cover_the_lengths_block_for_block():
+def test_a_layout_must_cover_the_lengths_block_for_block():  # E102
     layout = np.ones((3, 3), bool)
     with raises(r"^block_sparse\(4,4\): layout \[3,3\] has 3 query blocks of 4, but Lq=20 needs "
                 r"⌈20/4⌉ = 5"):
@@ -448,7 +448,7 @@ def test_a_layout_must_cover_the_lengths_block_for_block():
         ma.allowed_pairs(ma.Mask().block_sparse(np.ones((3, 3, 3)), 4), 1, 2, 12)
 
 
-def test_a_layout_is_a_rank_2_to_4_array_of_0_and_1_with_positive_block_sizes():
+def test_a_layout_is_a_rank_2_to_4_array_of_0_and_1_with_positive_block_sizes():  # E101
     for shape in ((3,), (1, 1, 1, 1, 1)):
         with raises(r"^block_sparse\(2,2\): layout has shape \[[0-9,]+\]; expected \[nQ,nK\], "
                     r"\[H,nQ,nK\] or \[B,H,nQ,nK\]"):
@@ -463,7 +463,7 @@ def test_a_layout_is_a_rank_2_to_4_array_of_0_and_1_with_positive_block_sizes():
         ma.Mask().block_sparse(np.ones((2, 2)), 2, -1)
 
 
-def test_layout_builders_check_their_values():
+def test_layout_builders_check_their_values():  # E104
     for call, message in (
             (lambda: ma.bigbird_layout(0), r"bigbird_layout: blocks = 0 must be ≥ 1"),
             (lambda: ma.bigbird_layout(4, sliding_blocks=2),
