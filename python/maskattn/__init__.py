@@ -22,6 +22,7 @@ from ._api import (
     gradcheck,
     merge_partials,
 )
+from ._layouts import bigbird_layout, fixed_layout, strided_layout
 
 # The debugging and data tools (audit, health report, heatmaps, tokens and batches).
 from ._tools import (
@@ -73,5 +74,8 @@ __all__ = [
     "cpu_info",
     "gradcheck",
     "merge_partials",
+    "bigbird_layout",
+    "strided_layout",
+    "fixed_layout",
 ]
 __all__ += _tools.__all__

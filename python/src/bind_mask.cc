@@ -89,6 +89,7 @@ void bind_mask_class(nb::module_& m) {
           arg("size"), arg("heads") = nb::none(), nb::rv_policy::reference);
   bind_mask_padding(mask);
   bind_mask_dense(mask);
+  bind_mask_sparse(mask);
   mask.def(
           "set_alignment",
           [](Mask& self, const std::string& alignment) -> Mask& {

@@ -12,6 +12,8 @@ namespace nb = nanobind;
 void bind_masks(nb::module_& m);                 // Mask, ScoreMods (bind_mask.cc)
 void bind_mask_padding(nb::class_<Mask>& mask);  // key_/query_ lengths, starts, keep, pad_id
 void bind_mask_dense(nb::class_<Mask>& mask);    // segments, spans, prefix, dense, predicate
+void bind_mask_sparse(nb::class_<Mask>& mask);   // global_tokens, block_sparse (bind_sparse.cc)
+void bind_layouts(nb::module_& m);               // bigbird/strided/fixed layout builders
 void bind_attention(nb::module_& m);             // attention, backward, merge (bind_attention.cc)
 void bind_inspection(nb::module_& m);            // allowed_pairs, block_map, weights, scores
 void bind_tools(nb::module_& m);                 // audit, health, heatmaps, tokens (bind_tools.cc)

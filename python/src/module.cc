@@ -12,6 +12,7 @@ NB_MODULE(_core, m) {
   // maskattn::Error becomes maskattn.Error, a ValueError, with the catalogue's message.
   nb::exception<maskattn::Error>(m, "Error", PyExc_ValueError);
   maskattn::python::bind_masks(m);
+  maskattn::python::bind_layouts(m);
   maskattn::python::bind_attention(m);
   maskattn::python::bind_inspection(m);
   maskattn::python::bind_tools(m);
