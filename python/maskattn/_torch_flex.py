@@ -160,13 +160,53 @@ class _TorchBlockMasks:
             entry = self._entries.get(key)
             if entry is not None and entry[0]() is torch_block_mask:
                 return entry[1]
-        batch, heads, q_len, kv_len = (int(n) for n in torch_block_mask.shape)
-        converted = create_block_mask(torch_block_mask.mask_mod, batch, heads, q_len, kv_len,
-                                      BLOCK_SIZE=tuple(torch_block_mask.BLOCK_SIZE))
+        converted = _convert_torch_block_mask(torch_block_mask)
         ref = weakref.ref(torch_block_mask, lambda dead, key=key: self._entries.pop(key, None))
         with self._lock:
             self._entries[key] = (ref, converted)
         return converted
+
+
+def _block_lists_to_pairs(num_blocks, indices, block_size, q_len, kv_len):
+    """PyTorch's per-row block lists (the first num_blocks[b, h, r] entries of indices[b, h, r]
+    are the key blocks of query block r) as a bool [b, h, Q_LEN, KV_LEN] of the pairs they
+    cover; None when there are no lists."""
+    if num_blocks is None or indices is None:
+        return None
+    block_q, block_k = block_size
+    rows, cols = -(-q_len // block_q), -(-kv_len // block_k)
+    listed = torch.arange(indices.shape[-1]) < num_blocks.unsqueeze(-1).long()
+    # Unlisted entries go to a spare column, dropped afterwards, so that scatter never clears.
+    columns = torch.where(listed, indices.long().clamp(0, cols - 1), torch.tensor(cols))
+    grid = torch.zeros(*indices.shape[:-1], cols + 1, dtype=torch.bool)
+    grid.scatter_(-1, columns, True)
+    grid = grid[..., :rows, :cols]
+    pairs = grid.repeat_interleave(block_q, dim=-2).repeat_interleave(block_k, dim=-1)
+    return pairs[..., :q_len, :kv_len]
+
+
+def _convert_torch_block_mask(torch_block_mask):
+    """A PyTorch BlockMask as the pairs PyTorch's compiled flex_attention computes: mask_mod
+    inside the listed partial blocks, every pair of the full blocks, nothing elsewhere. (Through
+    mask_mod alone, a BlockMask made by BlockMask.from_kv_blocks, whose mask_mod allows
+    everything, would lose its block sparsity.)"""
+    batch, heads, q_len, kv_len = (int(n) for n in torch_block_mask.shape)
+    block_size = tuple(int(n) for n in torch_block_mask.BLOCK_SIZE)
+    mask_mod = torch_block_mask.mask_mod
+    keep, _ = (evaluate_mask_mod(mask_mod, batch, heads, q_len, kv_len) if mask_mod is not None
+               else (torch.ones(1, 1, q_len, kv_len, dtype=torch.bool), False))
+    partial = _block_lists_to_pairs(torch_block_mask.kv_num_blocks, torch_block_mask.kv_indices,
+                                    block_size, q_len, kv_len)
+    full = _block_lists_to_pairs(getattr(torch_block_mask, "full_kv_num_blocks", None),
+                                 getattr(torch_block_mask, "full_kv_indices", None), block_size,
+                                 q_len, kv_len)
+    if partial is not None:
+        keep = keep & partial
+    if full is not None:
+        keep = keep | full
+    hides_future = not bool((keep & torch.ones(q_len, kv_len, dtype=torch.bool).triu(1)).any())
+    mask = _core.Mask().keep(keep.contiguous().numpy()).set_alignment("top_left")
+    return BlockMask(mask, (batch, heads, q_len, kv_len), block_size, mask_mod, hides_future)
 
 
 _torch_block_masks = _TorchBlockMasks()

@@ -153,6 +153,38 @@ def test_pytorch_block_mask_is_accepted():
                        mt.flex_attention(q, k, v, block_mask=ours_mask))
 
 
+def test_pytorch_block_mask_from_kv_blocks_keeps_its_block_sparsity():
+    # BlockMask.from_kv_blocks has a mask_mod that allows everything: the blocks alone say which
+    # pairs are computed (partial blocks: mask_mod applies; full blocks: every pair). Block
+    # diagonal at BLOCK_SIZE 64 over L=128 here, as compiled flex computes it.
+    length, block = 128, 64
+    kv_num_blocks = torch.ones(1, 1, 2, dtype=torch.int32)
+    kv_indices = torch.tensor([[[[0, 1], [1, 0]]]], dtype=torch.int32)
+    theirs = flex.BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=block,
+                                           seq_lengths=(length, length))
+    q, k, v = (randn((1, 2, length, 8), seed) for seed in (4, 5, 6))
+    keep = torch.zeros(length, length, dtype=torch.bool)
+    keep[:block, :block] = keep[block:, block:] = True
+    out = mt.flex_attention(q, k, v, block_mask=theirs)
+    assert max_error(out, torch_sdpa(q.double(), k.double(), v.double(), attn_mask=keep)) < 1e-6
+
+
+def test_pytorch_full_blocks_skip_the_mask_mod_as_in_pytorch():
+    # Query block 1 lists key block 0 as partial (causal applies: all of it is in the past) and
+    # key block 1 as full (every pair, the future within the block included); query block 0
+    # lists key block 0 as partial only.
+    length, block = 128, 64
+    theirs = flex.BlockMask.from_kv_blocks(
+        torch.tensor([[[1, 1]]], dtype=torch.int32), torch.tensor([[[[0, 0], [0, 0]]]]),
+        torch.tensor([[[0, 1]]], dtype=torch.int32), torch.tensor([[[[0, 0], [1, 0]]]]),
+        BLOCK_SIZE=block, mask_mod=causal, seq_lengths=(length, length))
+    q, k, v = (randn((1, 1, length, 8), seed) for seed in (7, 8, 9))
+    keep = torch.ones(length, length, dtype=torch.bool).tril()
+    keep[block:, block:] = True
+    out = mt.flex_attention(q, k, v, block_mask=theirs)
+    assert max_error(out, torch_sdpa(q.double(), k.double(), v.double(), attn_mask=keep)) < 1e-6
+
+
 def test_gqa():
     ours_mask = mt.create_block_mask(sliding_window, None, None, L, L)
     theirs_mask = flex.create_block_mask(sliding_window, None, None, L, L, device="cpu")
