@@ -1,5 +1,6 @@
 // SPEC strings (the CLI's --mask): every form parses into the component or modifier it names.
 #include <cmath>
+#include <cstring>
 
 #include "test_util.h"
 
@@ -8,6 +9,16 @@ namespace {
 
 using test::grid;
 using Rows = std::vector<std::string>;
+
+// Integers stored as int32 or uint8 (the CLI takes any integer dtype).
+NpyArray int32_array(const std::vector<int32_t>& values, Dims shape) {
+  std::vector<uint8_t> bytes(values.size() * 4);
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return NpyArray(NpyType::i4, std::move(shape), std::move(bytes));
+}
+NpyArray uint8_array(const std::vector<uint8_t>& values, Dims shape) {
+  return NpyArray(NpyType::u1, std::move(shape), values);
+}
 
 class MaskSpec : public ::testing::Test {
  protected:
@@ -79,6 +90,142 @@ TEST_F(MaskSpec, SegmentsAndSpans) {
   EXPECT_EQ(grid(mask_of({"causal", "spans:" + qseg + ":" + seg}), {1, 1, 1, 3}), (Rows{"111"}));
 }
 
+TEST_F(MaskSpec, GlobalTokensFromAnIdVectorOrMatrixOfAnyIntegerType) {
+  // Longformer: window(1,1) with global tokens 0 and 3 of L = 5.
+  const std::vector<int64_t> flags = {1, 0, 0, 1, 0};
+  const Mask expected = Mask().window(1, 1).global_tokens(Array<int64_t>({5}, flags));
+  // Rows 0 and 3 see everything; every row sees keys 0 and 3.
+  const Rows rows = {"11111", "1111.", "1111.", "11111", "1..11"};
+  ASSERT_EQ(grid(expected, {1, 1, 5, 5}), rows);
+  for (const NpyArray& ids : {NpyArray::from_int64(flags, {5}),                   // [L] int64
+                              int32_array({1, 0, 0, 1, 0}, {5}),                  // [L] int32
+                              NpyArray::from_bools({1, 0, 0, 1, 0}, {5}),         // [L] bool
+                              NpyArray::from_int64({7, 0, 0, -2, 0}, {1, 5})}) {  // ≠ 0 is global
+    const Mask mask = mask_of({"window:1:1", "global:" + file("g.npy", ids)});
+    EXPECT_EQ(grid(mask, {1, 1, 5, 5}), rows);
+    // An [L] file holds for every sequence of the batch.
+    EXPECT_EQ(grid(mask, {3, 1, 5, 5}, 2), rows);
+  }
+  // [B,L]: each sequence its own global tokens.
+  const std::string per_sequence =
+      file("gb.npy", uint8_array({1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {2, 5}));
+  const Mask batch = mask_of({"causal", "global:" + per_sequence});
+  EXPECT_EQ(grid(batch, {2, 1, 5, 5}, 0), (Rows{"11111", "11...", "111..", "1111.", "11111"}));
+  EXPECT_EQ(grid(batch, {2, 1, 5, 5}, 1), (Rows{"1...1", "11..1", "111.1", "11111", "11111"}));
+  EXPECT_EQ(batch.labels()[1], "mask spec 'global:" + per_sequence + "'");
+}
+
+TEST_F(MaskSpec, GlobalTokensForQueriesAndKeysSeparately) {
+  // Two new queries (positions 3 and 4) after three cached keys: causal hides key 4 from query 0.
+  ASSERT_EQ(grid(Mask().causal(), {1, 1, 2, 5}), (Rows{"1111.", "11111"}));
+  const std::string no_query = file("q0.npy", NpyArray::from_int64({0, 0}, {2}));
+  const std::string key_4 = file("k4.npy", NpyArray::from_bools({0, 0, 0, 0, 1}, {5}));
+  const Mask global_key = mask_of({"causal", "global:" + no_query + ":" + key_4});
+  EXPECT_EQ(grid(global_key, {1, 1, 2, 5}), (Rows{"11111", "11111"}));
+  EXPECT_EQ(grid(global_key, {1, 1, 2, 5}),
+            grid(Mask().causal().global_tokens(Array<int64_t>({2}, {0, 0}),
+                                               Array<int64_t>({5}, {0, 0, 0, 0, 1})),
+                 {1, 1, 2, 5}));
+  const std::string query_0 = file("q1.npy", NpyArray::from_int64({1, 0}, {1, 2}));
+  const std::string no_key = file("k0.npy", int32_array({0, 0, 0, 0, 0}, {1, 5}));
+  EXPECT_EQ(grid(mask_of({"causal", "global:" + query_0 + ":" + no_key}), {1, 1, 2, 5}),
+            (Rows{"11111", "11111"}));
+  EXPECT_EQ(grid(mask_of({"causal", "global:" + no_query + ":" + no_key}), {1, 1, 2, 5}),
+            (Rows{"1111.", "11111"}));
+}
+
+TEST_F(MaskSpec, BlockSparseLayoutsOfEveryRankFromBoolsOrIntegers) {
+  // [nQ,nK] = [2,3] blocks of 2 queries × 2 keys over Lq = 4, Lk = 5 (the last key block is short).
+  const std::vector<uint8_t> layout = {1, 0, 1, 0, 1, 1};
+  const Rows rows = {"11..1", "11..1", "..111", "..111"};
+  const Mask expected = Mask().block_sparse(Array<uint8_t>({2, 3}, layout), 2, 2);
+  ASSERT_EQ(grid(expected, {1, 1, 4, 5}), rows);
+  for (const NpyArray& array :
+       {uint8_array(layout, {2, 3}), NpyArray::from_bools(layout, {2, 3}),
+        int32_array({1, 0, 1, 0, 1, 1}, {2, 3}), NpyArray::from_int64({1, 0, 1, 0, 1, 1}, {2, 3}),
+        uint8_array(layout, {1, 2, 3}), uint8_array(layout, {1, 1, 2, 3})}) {
+    const Mask mask = mask_of({"block-sparse:2:2:" + file("l.npy", array)});
+    EXPECT_EQ(grid(mask, {1, 1, 4, 5}), rows) << shape_string(array.shape());
+  }
+  // Block sizes of their own per side, and a layout per head ([H,nQ,nK]).
+  const std::string heads = file("h.npy", uint8_array({1, 0, 1, 1, 0, 1, 1, 1}, {2, 2, 2}));
+  const Mask per_head = mask_of({"block-sparse:1:3:" + heads});
+  EXPECT_EQ(grid(per_head, {1, 2, 2, 6}, 0, 0), (Rows{"111...", "111111"}));
+  EXPECT_EQ(grid(per_head, {1, 2, 2, 6}, 0, 1), (Rows{"...111", "111111"}));
+  EXPECT_EQ(per_head.labels()[0], "mask spec 'block-sparse:1:3:" + heads + "'");
+  // It ANDs with the other components.
+  const std::string short_keys = file("l2.npy", uint8_array(layout, {2, 3}));
+  EXPECT_EQ(grid(mask_of({"causal", "block-sparse:2:2:" + short_keys}), {1, 1, 4, 5}),
+            (Rows{"11...", "11...", "..11.", "..111"}));
+}
+
+TEST_F(MaskSpec, AThreeDimensionalLayoutIsPerSequenceForOneHeadInputs) {
+  // As for dense files: with [B,L,D] inputs a 3-D layout is [B,nQ,nK], not [H,nQ,nK].
+  const std::string path = file("b.npy", uint8_array({1, 0, 0, 1, 0, 1, 1, 0}, {2, 2, 2}));
+  Mask mask;
+  SpecOptions one_head;
+  one_head.one_head_layout = true;
+  apply_mask_spec("block-sparse:1:1:" + path, mask, mods_, "", one_head);
+  EXPECT_EQ(std::get<component::BlockSparse>(mask.components()[0]).layout.shape(),
+            (Dims{2, 1, 2, 2}));
+  EXPECT_EQ(grid(mask, {2, 1, 2, 2}, 1), (Rows{".1", "1."}));
+  EXPECT_EQ(std::get<component::BlockSparse>(mask_of({"block-sparse:1:1:" + path}).components()[0])
+                .layout.shape(),
+            (Dims{2, 2, 2}));
+}
+
+TEST_F(MaskSpec, GlobalAndBlockSparseErrorsNameTheSpec) {
+  const std::string layout = file("l.npy", uint8_array({1, 1, 1, 1}, {2, 2}));
+  for (const char* sizes : {"0:2", "2:0", "x:2", "2:-1", "2.5:2", ":2"}) {
+    const std::string spec = std::string("block-sparse:") + sizes + ":" + layout;
+    EXPECT_MASKATTN_ERROR(mask_of({spec}), "mask spec '" + spec + "': block size B",
+                          "is not a positive integer (block-sparse:BQ:BK:FILE)");
+  }
+  EXPECT_MASKATTN_ERROR(mask_of({"block-sparse:2:2"}),
+                        "mask spec 'block-sparse:2:2': block-sparse needs BQ:BK:FILE");
+  EXPECT_MASKATTN_ERROR(mask_of({"block-sparse:" + layout}), "block-sparse needs BQ:BK:FILE");
+  EXPECT_MASKATTN_ERROR(mask_of({"block-sparse:2:2:"}), "block-sparse needs BQ:BK:FILE");
+  EXPECT_MASKATTN_ERROR(mask_of({"block-sparse:2:2:/nonexistent/l.npy"}),
+                        "mask spec 'block-sparse:2:2:/nonexistent/l.npy': cannot open "
+                        "'/nonexistent/l.npy'");
+  const std::string twos = file("t.npy", NpyArray::from_int64({1, 0, 2, 1}, {2, 2}));
+  EXPECT_MASKATTN_ERROR(mask_of({"block-sparse:2:2:" + twos}),
+                        "mask spec 'block-sparse:2:2:" + twos + "': " + twos +
+                            " holds 2 at flat index 2; block-sparse layouts hold only 0 and 1");
+  const std::string vector = file("v.npy", uint8_array({1, 1}, {2}));
+  EXPECT_MASKATTN_ERROR(mask_of({"block-sparse:2:2:" + vector}),
+                        vector +
+                            " has shape [2]; a block-sparse layout is [nQ,nK], [H,nQ,nK] or "
+                            "[B,H,nQ,nK]");
+  const std::string five = file("5.npy", uint8_array({1}, {1, 1, 1, 1, 1}));
+  EXPECT_MASKATTN_ERROR(mask_of({"block-sparse:2:2:" + five}), "has shape [1,1,1,1,1]; a block");
+  const std::string floats = file("f.npy", NpyArray::from_floats({1, 0, 1, 1}, {2, 2}));
+  EXPECT_MASKATTN_ERROR(mask_of({"block-sparse:2:2:" + floats}),
+                        floats +
+                            " has dtype float32; block-sparse layouts are bool or 0/1 "
+                            "integers");
+  // Block counts that do not cover the lengths: at the call, naming the spec.
+  EXPECT_MASKATTN_ERROR(allowed_pairs(mask_of({"block-sparse:2:2:" + layout}), {1, 1, 6, 4}),
+                        "mask spec 'block-sparse:2:2:" + layout +
+                            "': layout [2,2] has 2 query "
+                            "blocks of 2, but Lq=6 needs");
+
+  const std::string cube = file("c.npy", NpyArray::from_int64({1, 0}, {1, 1, 2}));
+  EXPECT_MASKATTN_ERROR(mask_of({"global:" + cube}),
+                        "mask spec 'global:" + cube + "': " + cube +
+                            " has shape [1,1,2]; global-token ids are [B,L] or [L] (≠ 0 = global)");
+  EXPECT_MASKATTN_ERROR(mask_of({"global:" + cube + ":" + cube}),
+                        "global-token ids are [B,Lq] or [Lq]");
+  const std::string ids = file("i.npy", NpyArray::from_int64({1, 0}, {2}));
+  EXPECT_MASKATTN_ERROR(mask_of({"global:" + ids + ":" + cube}),
+                        "global-token ids are [B,Lk] or [Lk]");
+  EXPECT_MASKATTN_ERROR(mask_of({"global:" + floats}), "has dtype float32");
+  EXPECT_MASKATTN_ERROR(mask_of({"global"}), "'global' needs an argument");
+  // Ids that do not fit the problem: at the call, naming the spec.
+  EXPECT_MASKATTN_ERROR(allowed_pairs(mask_of({"global:" + ids}), {1, 1, 3, 3}),
+                        "mask spec 'global:" + ids + "'", "ids have shape [1,2]");
+}
+
 TEST_F(MaskSpec, DenseFilesAcceptBoolAndIntegers) {
   const std::string bools = file("b.npy", NpyArray::from_bools({1, 0, 1, 1}, {2, 2}));
   const std::string ints = file("i.npy", NpyArray::from_int64({1, 0, 1, 1}, {2, 2}));
@@ -137,8 +284,9 @@ TEST_F(MaskSpec, HelpListsEveryKind) {
        {"causal",         "window:",       "sliding-window:", "chunk:",        "prefix:",
         "key-lengths:",   "key-starts:",   "key-keep:",       "key-blocked:",  "pad-id:",
         "query-lengths:", "query-starts:", "query-keep:",     "query-pad-id:", "segments:",
-        "spans:",         "keep:",         "blocked:",        "additive:",     "alibi:",
-        "softcap:",       "sinks:",        "threshold:",      "bias:"}) {
+        "spans:",         "global:",       "block-sparse:",   "keep:",         "blocked:",
+        "additive:",      "alibi:",        "softcap:",        "sinks:",        "threshold:",
+        "bias:"}) {
     EXPECT_NE(help.find(kind), std::string::npos) << kind;
   }
 }

@@ -3,6 +3,7 @@
 //   key-lengths:FILE  key-starts:FILE  key-keep:FILE  key-blocked:FILE  pad-id:ID:FILE
 //   query-lengths:FILE  query-starts:FILE  query-keep:FILE  query-pad-id:ID:FILE
 //   segments:FILE  segments:QFILE:KFILE  spans:FILE  spans:QFILE:KFILE
+//   global:FILE  global:QFILE:KFILE  block-sparse:BQ:BK:FILE
 //   keep:FILE  blocked:FILE  additive:FILE
 //   alibi:FILE  softcap:X  sinks:FILE  threshold:X  bias:FILE
 // FILE is a .npy file. Shared by the CLI, the tools and (later) the Python package.
@@ -17,7 +18,8 @@ namespace maskattn {
 
 struct SpecOptions {
   // The inputs are [B, L, D] (one head): a 3-D keep/blocked/additive/bias file is then [B, Lq, Lk]
-  // and gets a head axis ([B, 1, Lq, Lk]) instead of NumPy's alignment of its first axis with Hq.
+  // and gets a head axis ([B, 1, Lq, Lk]) instead of NumPy's alignment of its first axis with Hq;
+  // a 3-D block-sparse layout likewise is [B, nQ, nK], not [H, nQ, nK].
   bool one_head_layout = false;
 };
 

@@ -69,6 +69,8 @@ class SpecParser {
     if (kind_ == "query-keep") return component([&] { mask_.query_keep(int_file(one(), 2)); });
     if (kind_ == "query-pad-id") return pad_id(Side::query);
     if (kind_ == "segments" || kind_ == "spans") return id_pair();
+    if (kind_ == "global") return global_tokens();
+    if (kind_ == "block-sparse") return block_sparse();
     if (kind_ == "keep") return component([&] { mask_.keep(bool_file(one())); });
     if (kind_ == "blocked") return component([&] { mask_.blocked(bool_file(one())); });
     if (kind_ == "additive") return component([&] { mask_.additive(float_file(one())); });
@@ -85,7 +87,8 @@ class SpecParser {
          "'; known: causal, window, sliding-window, chunk, prefix, key-lengths, key-starts, "
          "key-keep, key-blocked, pad-id, query-lengths, query-starts, query-keep, query-pad-id, "
          "segments, "
-         "spans, keep, blocked, additive, alibi, softcap, sinks, threshold, bias");
+         "spans, global, block-sparse, keep, blocked, additive, alibi, softcap, sinks, threshold, "
+         "bias");
   }
 
   template <typename Add>
@@ -181,6 +184,53 @@ class SpecParser {
     });
   }
 
+  // global:FILE ([B,L] or [L] ids, ≠ 0 = global; Lq == Lk) or global:QFILE:KFILE.
+  void global_tokens() {
+    const std::string rest = one();
+    const size_t colon = rest.find(':');
+    if (colon == std::string::npos) {
+      Array<int64_t> ids = global_file(rest, "[B,L] or [L]");
+      component([&] { mask_.global_tokens(std::move(ids)); });
+      return;
+    }
+    Array<int64_t> query_ids = global_file(rest.substr(0, colon), "[B,Lq] or [Lq]");
+    Array<int64_t> key_ids = global_file(rest.substr(colon + 1), "[B,Lk] or [Lk]");
+    component([&] { mask_.global_tokens(std::move(query_ids), std::move(key_ids)); });
+  }
+
+  // block-sparse:BQ:BK:FILE, the layout [nQ,nK], [H,nQ,nK] or [B,H,nQ,nK] of 0/1 or bools.
+  void block_sparse() {
+    const std::string rest = one();
+    const size_t first = rest.find(':');
+    const size_t second = first == std::string::npos ? first : rest.find(':', first + 1);
+    if (second == std::string::npos || second + 1 == rest.size()) {
+      fail(
+          "block-sparse needs BQ:BK:FILE (block sizes in queries and keys, then the layout), "
+          "e.g. block-sparse:64:64:layout.npy");
+    }
+    const int64_t block_q = block_size(rest.substr(0, first), "BQ");
+    const int64_t block_k = block_size(rest.substr(first + 1, second - first - 1), "BK");
+    const std::string path = rest.substr(second + 1);
+    const NpyArray array = load(path);
+    if (array.rank() < 2 || array.rank() > 4) {
+      fail(path + " has shape " + shape_string(array.shape()) +
+           "; a block-sparse layout is [nQ,nK], [H,nQ,nK] or [B,H,nQ,nK]");
+    }
+    Array<uint8_t> layout(dense_shape(array.shape()),
+                          binary_values(array, path, "block-sparse layouts"));
+    component([&] { mask_.block_sparse(std::move(layout), block_q, block_k); });
+  }
+
+  int64_t block_size(const std::string& text, const char* name) const {
+    int64_t value = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < 1) {
+      fail(std::string("block size ") + name + " '" + text +
+           "' is not a positive integer (block-sparse:BQ:BK:FILE)");
+    }
+    return value;
+  }
+
   void per_head_modifier(std::vector<float>& target, const char* name) {
     if (!target.empty()) fail(std::string(name) + " given twice");
     const std::string path = one();
@@ -217,6 +267,16 @@ class SpecParser {
     return Array<int64_t>(array.shape(), array.to_int64(path));
   }
 
+  // Global-token ids: rank 1 (the same tokens in every sequence) or 2, integers or bools.
+  Array<int64_t> global_file(const std::string& path, const char* layout) const {
+    const NpyArray array = load(path);
+    if (array.rank() != 1 && array.rank() != 2) {
+      fail(path + " has shape " + shape_string(array.shape()) + "; global-token ids are " + layout +
+           " (≠ 0 = global)");
+    }
+    return Array<int64_t>(array.shape(), array.to_int64(path));
+  }
+
   // nn.MultiheadAttention's key_padding_mask polarity, [B,Lk] with 1 = padding, as key_keep.
   Array<int64_t> key_blocked(const std::string& path) const {
     const Array<int64_t> blocked = int_file(path, 2);
@@ -234,20 +294,29 @@ class SpecParser {
 
   Array<uint8_t> bool_file(const std::string& path) const {
     const NpyArray array = load(path);
+    return Array<uint8_t>(dense_shape(array.shape()), binary_values(array, path, kind_ + " masks"));
+  }
+
+  // The elements of a bool or 0/1 integer array; `what` names the kind of array in messages.
+  std::vector<uint8_t> binary_values(const NpyArray& array, const std::string& path,
+                                     const std::string& what) const {
     if (array.is_float()) {
-      fail(path + " has dtype " + npy_type_name(array.type()) + "; " + kind_ +
-           " masks are bool or 0/1 integers (for a float mask use additive:FILE)");
+      fail(path + " has dtype " + npy_type_name(array.type()) + "; " + what +
+           " are bool or 0/1 integers" +
+           (what == "keep masks" || what == "blocked masks"
+                ? " (for a float mask use additive:FILE)"
+                : ""));
     }
     const std::vector<int64_t> values = array.to_int64(path);
     std::vector<uint8_t> flags(values.size());
     for (size_t n = 0; n < values.size(); ++n) {
       if (values[n] != 0 && values[n] != 1) {
         fail(path + " holds " + std::to_string(values[n]) + " at flat index " + std::to_string(n) +
-             "; " + kind_ + " masks hold only 0 and 1");
+             "; " + what + " hold only 0 and 1");
       }
       flags[n] = static_cast<uint8_t>(values[n]);
     }
-    return Array<uint8_t>(dense_shape(array.shape()), std::move(flags));
+    return flags;
   }
 
   Array<float> float_file(const std::string& path) const {
@@ -296,6 +365,12 @@ const char* mask_spec_help() {
   segments:QFILE:KFILE    [B,Lq] and [B,Lk] segment ids
   spans:FILE              [B,L] ids: equal non-zero ids attend both ways despite causal/window
   spans:QFILE:KFILE       [B,Lq] and [B,Lk] span ids
+  global:FILE             [B,L] or [L] ids, != 0 = global (Longformer): a global query sees, and a
+                          global key is seen by, every position causal/window would hide
+  global:QFILE:KFILE      [B,Lq]/[Lq] and [B,Lk]/[Lk] global flags (a KV-cache step)
+  block-sparse:BQ:BK:FILE layout [nQ,nK], [H,nQ,nK] or [B,H,nQ,nK] of 0/1: query i may attend key
+                          j iff layout[..., i/BQ, j/BK] (indices); nQ = ceil(Lq/BQ) or 1, nK the
+                          same (maskattn layout writes BigBird, strided and fixed layouts)
   keep:FILE               bool/0-1 array broadcasting to [B,Hq,Lq,Lk]: 1 = may attend
   blocked:FILE            bool/0-1 array broadcasting to [B,Hq,Lq,Lk]: 1 = hidden
   additive:FILE           float array broadcasting to [B,Hq,Lq,Lk], added; only -inf hides
