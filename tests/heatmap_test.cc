@@ -1,6 +1,7 @@
 // Heatmaps: the PNG decodes to the layout's size with the expected colours at known cells (hidden
 // cells grey and hatched, never the colour of weight 0), the SVG names every cell, and the CLI
 // writes both from masks and from attention weights, with token labels.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -162,6 +163,58 @@ TEST(CliHeatmap, MaskAndAttendWriteTheirHeatmaps) {
                                               dir.path("x.png") + " --tokens " + dir.path("t.txt"));
   EXPECT_EQ(wrong.exit_code, 1);
   EXPECT_NE(wrong.err.find("has 4 tokens but there are Lk=5 keys"), std::string::npos) << wrong.err;
+}
+
+// Global tokens and a per-head block-sparse layout: one panel per head, each cell drawn as the mask
+// allows it (a global key's column is allowed in every row, the layout's hidden blocks hatched).
+TEST(CliHeatmap, MaskDrawsGlobalTokensAndBlockSparseLayoutsPerHead) {
+  test::TempDir dir;
+  write_npy(dir.path("g.npy"), NpyArray::from_int64({0, 0, 0, 1, 0, 0}, {6}));
+  // Head 0 sees every block; head 1 hides the first key block from the last query block.
+  const std::vector<uint8_t> blocks = {1, 1, 1, 1, 1, 1, 1, 1, 1,   // head 0
+                                       1, 1, 1, 1, 1, 1, 0, 1, 1};  // head 1
+  write_npy(dir.path("l.npy"), NpyArray::from_bools(blocks, {2, 3, 3}));
+  const std::string specs =
+      "causal global:" + dir.path("g.npy") + " block-sparse:2:2:" + dir.path("l.npy");
+  const test::CliResult result = test::run_cli("mask " + specs + " --lq 6 --lk 6 --png " +
+                                               dir.path("m.png") + " --svg " + dir.path("m.svg"));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  Mask mask = Mask().causal().global_tokens(Array<int64_t>({6}, {0, 0, 0, 1, 0, 0}));
+  mask.block_sparse(Array<uint8_t>({2, 3, 3}, blocks), 2, 2);
+  const Array<uint8_t> allowed = allowed_pairs(mask, {1, 2, 6, 6});
+  std::vector<HeatmapPanel> panels(2);
+  size_t hidden = 0;
+  for (int64_t h = 0; h < 2; ++h) {
+    panels[h].title = "b=0 h=" + std::to_string(h);
+    panels[h].rows = panels[h].cols = 6;
+    panels[h].allowed.assign(allowed.values().begin() + h * 36,
+                             allowed.values().begin() + (h + 1) * 36);
+    hidden += std::count(panels[h].allowed.begin(), panels[h].allowed.end(), uint8_t{0});
+  }
+  const std::string svg = read_text(dir.path("m.svg"));
+  EXPECT_EQ(count(svg, "<title>"), 72u);  // 2 panels × 36 cells
+  EXPECT_EQ(count(svg, "fill=\"url(#hidden)\"><title>"), hidden);
+  EXPECT_NE(svg.find(">b=0 h=1</text>"), std::string::npos);
+  EXPECT_NE(svg.find("0 → 3: allowed</title>"), std::string::npos);  // the later global key
+  EXPECT_NE(svg.find("3 → 5: allowed</title>"), std::string::npos);  // the global query
+  EXPECT_NE(svg.find("0 → 4: hidden</title>"), std::string::npos);   // causal still applies
+  const Decoded png = decode_png(dir.path("m.png"));
+  const detail::HeatmapLayout layout = detail::heatmap_layout(panels, {});
+  ASSERT_EQ(png.width, layout.width);
+  ASSERT_EQ(png.height, layout.height);
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t i = 0; i < 6; ++i) {
+      for (int64_t j = 0; j < 6; ++j) {
+        EXPECT_EQ(png.at(layout.cell_x(static_cast<size_t>(h), j),
+                         layout.cell_y(static_cast<size_t>(h), i)),
+                  panels[h].allowed[i * 6 + j] ? kAllowedColour : kHiddenColour)
+            << "h=" << h << " i=" << i << " j=" << j;
+      }
+    }
+  }
+  // Head 1, query 4 → key 1: hidden by the layout although causal allows it.
+  EXPECT_EQ(panels[1].allowed[4 * 6 + 1], 0);
+  EXPECT_EQ(panels[0].allowed[4 * 6 + 1], 1);
 }
 
 }  // namespace

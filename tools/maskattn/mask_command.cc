@@ -46,6 +46,13 @@ Extent implied_extent(const Mask& mask, const ScoreMods& mods) {
           } else if constexpr (std::is_same_v<T, component::Segments> ||
                                std::is_same_v<T, component::Spans>) {
             widen_to(extent.batch, c.key_ids.dim(0));
+          } else if constexpr (std::is_same_v<T, component::GlobalTokens>) {
+            // [1, L] ids (an [L] file) hold for every sequence: they do not fix B.
+            for (const Array<int64_t>* ids : {&c.query_ids, &c.key_ids}) {
+              if (ids->dim(0) != 1) widen_to(extent.batch, ids->dim(0));
+            }
+          } else if constexpr (std::is_same_v<T, component::BlockSparse>) {
+            dense(c.layout.shape());  // [.., nQ, nK] aligns at the right like a dense mask
           } else if constexpr (std::is_same_v<T, component::DenseBool> ||
                                std::is_same_v<T, component::DenseAdditive>) {
             dense(c.values.shape());
@@ -60,6 +67,33 @@ Extent implied_extent(const Mask& mask, const ScoreMods& mods) {
   widen_to(extent.heads, static_cast<int64_t>(mods.sinks.size()));
   if (mods.bias) dense(mods.bias->shape());
   return extent;
+}
+
+// The indices t of row `row` (0 for [1, L] ids) with ids ≠ 0, as "0 6 11"; "none" when empty.
+std::string global_indices(const Array<int64_t>& ids, int64_t batch) {
+  const int64_t row = ids.dim(0) == 1 ? 0 : batch;
+  std::string text;
+  for (int64_t t = 0; t < ids.dim(1); ++t) {
+    if (ids.at(row, t) != 0) text += (text.empty() ? "" : " ") + std::to_string(t);
+  }
+  return text.empty() ? "none" : text;
+}
+
+// Under the grid: which tokens are global and what blocks a layout has, so that the grid's
+// full rows and columns and its block pattern can be read back to the files.
+void print_sparse_notes(const Mask& mask, int64_t batch) {
+  for (size_t n = 0; n < mask.components().size(); ++n) {
+    const Component& part = mask.components()[n];
+    const std::string& label = mask.labels()[n];
+    if (const auto* global = std::get_if<component::GlobalTokens>(&part)) {
+      fmt::print("{}: global queries {}, global keys {} (they pass causal and window bounds)\n",
+                 label, global_indices(global->query_ids, batch),
+                 global_indices(global->key_ids, batch));
+    } else if (const auto* sparse = std::get_if<component::BlockSparse>(&part)) {
+      fmt::print("{}: layout {} of blocks of {} queries × {} keys (row/column indices)\n", label,
+                 shape_string(sparse->layout.shape()), sparse->block_q, sparse->block_k);
+    }
+  }
 }
 
 }  // namespace
@@ -101,6 +135,7 @@ int run_mask(const MaskArgs& args) {
       "█ allowed   · hidden   rows: queries i, columns: keys j, right: allowed keys per "
       "row\n\n");
   print_grid(slice.values(), args.q_len, args.k_len);
+  print_sparse_notes(mask, args.batch);
   if (!args.png.empty() || !args.svg.empty()) {
     // Every head of the selected batch entry, one panel each (at most 16).
     std::vector<HeatmapPanel> panels;
