@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "maskattn/multihead.h"
+#include "maskattn/sparse_layouts.h"
 #include "test_util.h"
 
 namespace maskattn {
@@ -70,6 +71,130 @@ TEST(CliMask, WideGridsGetATensRow) {
   ASSERT_EQ(result.exit_code, 0);
   EXPECT_TRUE(contains(result.out, "                      1 1 \n")) << result.out;
   EXPECT_TRUE(contains(result.out, "11  · · · · · · · · · · █ █   2\n")) << result.out;
+}
+
+// Longformer (window 2 each side, global tokens 0 and 6) and a block-sparse layout, drawn.
+TEST(CliMask, DrawsGlobalTokensAndBlockSparseLayouts) {
+  test::TempDir dir;
+  std::vector<int64_t> global(12, 0);
+  global[0] = global[6] = 1;
+  write_npy(dir.path("g.npy"), NpyArray::from_int64(global, {12}));
+  const test::CliResult longformer =
+      run_cli("mask window:2:2 global:" + dir.path("g.npy") + " --lq 12 --lk 12");
+  ASSERT_EQ(longformer.exit_code, 0) << longformer.err;
+  EXPECT_TRUE(contains(longformer.out,
+                       " 0  █ █ █ █ █ █ █ █ █ █ █ █   12\n"
+                       " 1  █ █ █ █ · · █ · · · · ·   5\n"
+                       " 2  █ █ █ █ █ · █ · · · · ·   6\n"
+                       " 3  █ █ █ █ █ █ █ · · · · ·   7\n"
+                       " 4  █ · █ █ █ █ █ · · · · ·   6\n"
+                       " 5  █ · · █ █ █ █ █ · · · ·   6\n"
+                       " 6  █ █ █ █ █ █ █ █ █ █ █ █   12\n"
+                       " 7  █ · · · · █ █ █ █ █ · ·   6\n"
+                       " 8  █ · · · · · █ █ █ █ █ ·   6\n"
+                       " 9  █ · · · · · █ █ █ █ █ █   7\n"
+                       "10  █ · · · · · █ · █ █ █ █   6\n"
+                       "11  █ · · · · · █ · · █ █ █   5\n"))
+      << longformer.out;
+  EXPECT_TRUE(contains(longformer.out, "global:" + dir.path("g.npy") +
+                                           ": global queries 0 6, global keys 0 6 (they pass "
+                                           "causal and window bounds)\n"))
+      << longformer.out;
+
+  // Blocks of 2 queries × 3 keys, one layout per head: --head picks it, Hq comes from the file.
+  write_npy(dir.path("l.npy"),
+            NpyArray::from_bools({1, 0, 1, 1, 0, 1, 0, 1, 1, 1, 1, 0}, {2, 3, 2}));
+  const std::string spec = "block-sparse:2:3:" + dir.path("l.npy");
+  const test::CliResult blocks = run_cli("mask " + spec + " --lq 6 --lk 6 --head 1");
+  ASSERT_EQ(blocks.exit_code, 0) << blocks.err;
+  EXPECT_TRUE(contains(blocks.out, "batch 0 of B=1, head 1 of Hq=2")) << blocks.out;
+  EXPECT_TRUE(contains(blocks.out,
+                       "0  · · · █ █ █   3\n1  · · · █ █ █   3\n2  █ █ █ █ █ █   6\n"
+                       "3  █ █ █ █ █ █   6\n4  █ █ █ · · ·   3\n5  █ █ █ · · ·   3\n"))
+      << blocks.out;
+  EXPECT_TRUE(contains(blocks.out, spec + ": layout [2,3,2] of blocks of 2 queries × 3 keys"));
+  const test::CliResult no_head = run_cli("mask " + spec + " --lq 6 --lk 6 --head 2");
+  EXPECT_EQ(no_head.exit_code, 1);
+  EXPECT_TRUE(contains(no_head.err, "--head 2 is out of range: the mask has Hq=2")) << no_head.err;
+
+  // [B,L] global ids fix B; [L] ids do not.
+  write_npy(dir.path("gb.npy"), NpyArray::from_bools({0, 0, 0, 0, 0, 1}, {2, 3}));
+  const test::CliResult batch =
+      run_cli("mask causal global:" + dir.path("gb.npy") + " --lq 3 --lk 3 --batch 1");
+  ASSERT_EQ(batch.exit_code, 0) << batch.err;
+  EXPECT_TRUE(contains(batch.out, "batch 1 of B=2")) << batch.out;
+  EXPECT_TRUE(contains(batch.out, "0  █ · █   2\n1  █ █ █   3\n2  █ █ █   3\n")) << batch.out;
+  EXPECT_EQ(
+      run_cli("mask causal global:" + dir.path("gb.npy") + " --lq 3 --lk 3 --batch 2").exit_code,
+      1);
+  write_npy(dir.path("g3.npy"), NpyArray::from_bools({0, 0, 1}, {3}));
+  const test::CliResult any_batch =
+      run_cli("mask causal global:" + dir.path("g3.npy") + " --lq 3 --lk 3 --batch 4");
+  ASSERT_EQ(any_batch.exit_code, 0) << any_batch.err;
+  EXPECT_TRUE(contains(any_batch.out, "0  █ · █   2\n")) << any_batch.out;
+}
+
+// maskattn layout writes exactly what sparse_layouts.h builds, as uint8, and draws it.
+TEST(CliLayout, WritesWhatTheBuildersBuild) {
+  test::TempDir dir;
+  const auto written = [&](const std::string& arguments, const Array<uint8_t>& expected) {
+    const std::string path = dir.path("layout.npy");
+    const test::CliResult result = run_cli("layout " + arguments + " --out " + path);
+    EXPECT_EQ(result.exit_code, 0) << arguments << ": " << result.err;
+    const NpyArray file = read_npy(path);
+    EXPECT_EQ(file.type(), NpyType::u1) << arguments;
+    EXPECT_EQ(file.shape(), expected.shape()) << arguments;
+    EXPECT_EQ(file.bytes(), expected.values()) << arguments;
+    EXPECT_TRUE(contains(result.out, "wrote " + path + ": uint8 " + shape_string(expected.shape()) +
+                                         ", 1 = query block r may attend key block c"))
+        << result.out;
+    return result.out;
+  };
+  BigBirdLayout bigbird;
+  const std::string out = written("bigbird --blocks 9", bigbird_layout(9, bigbird));
+  EXPECT_TRUE(contains(out, "(bigbird --blocks 9 --sliding 3 --global 2 --random 3 --seed 0)"));
+  int64_t allowed = 0;
+  const Array<uint8_t> nine = bigbird_layout(9, bigbird);
+  for (uint8_t value : nine.values()) allowed += value;
+  EXPECT_TRUE(contains(out, std::to_string(allowed) + " of 81 blocks allowed")) << out;
+  EXPECT_TRUE(contains(out, "   0 1 2 3 4 5 6 7 8   key blocks\n0  █ █ █ █ █ █ █ █ █   9\n"))
+      << out;
+  bigbird = {5, 2, 1, 7};
+  written("bigbird --blocks 12 --sliding 5 --global 2 --random 1 --seed 7 --heads 3",
+          bigbird_layout(12, bigbird, 3));
+  bigbird = {1, 0, 2, 0};
+  written("bigbird --blocks 6 --sliding 1 --global 0 --random 2", bigbird_layout(6, bigbird));
+  written("strided --blocks 8 --local 2 --stride 3", strided_layout(8, 2, 3));
+  written("strided --blocks 8 --local 2 --stride 3 --bidirectional",
+          strided_layout(8, 2, 3, false));
+  written("fixed --blocks 8 --chunk 4 --summary 1", fixed_layout(8, 4, 1));
+  const std::string fixed =
+      written("fixed --blocks 8 --chunk 4 --summary 2 --bidirectional --heads 2",
+              fixed_layout(8, 4, 2, false, 2));
+  EXPECT_TRUE(contains(fixed, "head 1: 48 of 64 blocks allowed (75.0%)")) << fixed;
+  // Large layouts are written, not drawn.
+  const std::string large =
+      written("strided --blocks 65 --local 1 --stride 8", strided_layout(65, 1, 8));
+  EXPECT_FALSE(contains(large, "key blocks\n"));
+}
+
+// A layout from the command feeds block-sparse: and the mask is the one the library builds.
+TEST(CliLayout, FeedsTheBlockSparseSpec) {
+  test::TempDir dir;
+  const std::string path = dir.path("bigbird.npy");
+  ASSERT_EQ(run_cli("layout bigbird --blocks 6 --random 1 --seed 3 --out " + path).exit_code, 0);
+  const test::CliResult drawn =
+      run_cli("mask block-sparse:2:2:" + path + " causal --lq 12 --lk 12");
+  ASSERT_EQ(drawn.exit_code, 0) << drawn.err;
+  const Mask expected = Mask().block_sparse(bigbird_layout(6, {3, 2, 1, 3}), 2, 2).causal();
+  const Array<uint8_t> pairs = allowed_pairs(expected, {1, 1, 12, 12});
+  for (int64_t i = 0; i < 12; ++i) {
+    std::string row(i < 10 ? 1 : 0, ' ');
+    row += std::to_string(i);
+    row += "  ";
+    for (int64_t j = 0; j < 12; ++j) row += pairs.values()[i * 12 + j] ? "█ " : "· ";
+    EXPECT_TRUE(contains(drawn.out, row)) << row << "\n" << drawn.out;
+  }
 }
 
 TEST(CliDemo, EverySequenceMatchesItsUnpaddedRun) {
@@ -182,6 +307,46 @@ TEST_F(CliAttend, OneHeadInputsReadThreeDimensionalMasksAsBatchMajor) {
   const std::vector<float> p = read_npy(path("p.npy")).to_float32("p");
   EXPECT_EQ(p[L * L], 1.0f);  // sequence 1, query 0, key 0
   EXPECT_LT(p[0], 1.0f);      // sequence 0 is unmasked
+}
+
+TEST_F(CliAttend, GlobalTokensAndBlockSparseLayoutsEqualTheLibrary) {
+  // Per-sequence global tokens, a layout per head (blocks of 2: ⌈5/2⌉ = 3 a side), and causal.
+  const std::vector<int64_t> global = {0, 0, 1, 0, 0, 1, 0, 0, 0, 0};
+  write_npy(path("g.npy"), NpyArray::from_int64(global, {B, L}));
+  std::vector<uint8_t> layout(H * 3 * 3, 1);
+  layout[0 * 9 + 2 * 3 + 0] = 0;  // head 0: the last query block does not see the first keys
+  layout[1 * 9 + 1 * 3 + 1] = 0;  // head 1: block (1, 1) hidden
+  layout[2 * 9 + 0 * 3 + 2] = 0;  // head 2: block (0, 2), a look-ahead block of global key 5
+  write_npy(path("l.npy"), NpyArray::from_bools(layout, {H, 3, 3}));
+  const Mask mask = Mask()
+                        .causal()
+                        .global_tokens(Array<int64_t>({B, L}, global))
+                        .block_sparse(Array<uint8_t>({H, 3, 3}, layout), 2, 2);
+  for (const char* kernel : {"fused", "reference"}) {
+    const test::CliResult result =
+        run_cli(files() + " --mask causal --mask global:" + path("g.npy") +
+                " --mask block-sparse:2:2:" + path("l.npy") + " --kernel " + kernel);
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    std::vector<float> expected(q_.size());
+    Options options;
+    options.kernel = std::string(kernel) == "fused" ? Kernel::fused : Kernel::reference;
+    attention(TensorView(q_.data(), {B, H, L, D}), TensorView(k_.data(), {B, H, L, D}),
+              TensorView(v_.data(), {B, H, L, D}), MutableTensorView(expected.data(), {B, H, L, D}),
+              mask, {}, options);
+    EXPECT_EQ(read_npy(path("out.npy")).to_float32("out"), expected) << kernel;
+  }
+  // The global tokens change the output (sequence 1, query 0 sees the later global key 2).
+  EXPECT_NE(read_npy(path("out.npy")).to_float32("out"),
+            library(Mask().causal().block_sparse(Array<uint8_t>({H, 3, 3}, layout), 2, 2)));
+  // A layout that does not cover the lengths is an error naming the spec and the files.
+  write_npy(path("l2.npy"), NpyArray::from_bools(std::vector<uint8_t>(4, 1), {2, 2}));
+  const test::CliResult short_layout =
+      run_cli(files() + " --mask block-sparse:2:2:" + path("l2.npy"));
+  EXPECT_EQ(short_layout.exit_code, 1);
+  EXPECT_TRUE(contains(short_layout.err, "--mask block-sparse:2:2:" + path("l2.npy") +
+                                             ": layout [2,2] has 2 query blocks of 2, but Lq=5 "
+                                             "needs ⌈5/2⌉ = 3"))
+      << short_layout.err;
 }
 
 TEST_F(CliAttend, RankTwoAndThreeInputsKeepTheirLayout) {

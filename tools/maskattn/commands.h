@@ -27,6 +27,7 @@ Command add_grad_command(CLI::App& app);
 Command add_gradcheck_command(CLI::App& app);
 Command add_example_command(CLI::App& app);
 Command add_mask_command(CLI::App& app);
+Command add_layout_command(CLI::App& app);
 Command add_audit_command(CLI::App& app);
 Command add_mha_command(CLI::App& app);
 Command add_demo_command(CLI::App& app);
@@ -108,6 +109,20 @@ struct MaskArgs {
   std::string tokens;    // labels for their rows and columns
 };
 int run_mask(const MaskArgs& args);
+
+// maskattn layout bigbird|strided|fixed: a block-sparse layout .npy (docs/cli.md).
+struct LayoutArgs {
+  std::string kind;  // bigbird, strided or fixed: the subcommand given
+  int64_t blocks = 0;
+  int64_t heads = 0;                            // 0: one [N,N] layout; H: [H,N,N]
+  int64_t sliding = 3, global = 2, random = 3;  // bigbird
+  uint64_t seed = 0;
+  int64_t local = 0, stride = 0;   // strided
+  int64_t chunk = 0, summary = 0;  // fixed
+  bool bidirectional = false;      // strided, fixed: no causal restriction on blocks
+  std::string out;
+};
+int run_layout(const LayoutArgs& args);
 
 // Writes its heatmaps into `heatmap_directory` (created if needed; empty = none).
 int run_demo(const std::string& heatmap_directory);

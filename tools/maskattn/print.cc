@@ -40,7 +40,7 @@ void print_matrix(const std::string& title, const std::vector<double>& values, i
 }
 
 void print_grid(const std::vector<uint8_t>& allowed, int64_t rows, int64_t cols,
-                const std::vector<std::string>& row_labels) {
+                const std::vector<std::string>& row_labels, const std::string& columns) {
   size_t label_width = 0;
   for (const std::string& label : row_labels) label_width = std::max(label_width, label.size());
   const int index_width = static_cast<int>(std::to_string(std::max<int64_t>(rows - 1, 0)).size());
@@ -55,7 +55,7 @@ void print_grid(const std::vector<uint8_t>& allowed, int64_t rows, int64_t cols,
   }
   fmt::print("{}", margin);
   for (int64_t j = 0; j < cols; ++j) fmt::print("{} ", j % 10);
-  fmt::print("  keys\n");
+  fmt::print("  {}\n", columns);
   for (int64_t i = 0; i < rows; ++i) {
     fmt::print("{:>{}}  ", i, index_width);
     if (label_width) {

@@ -12,8 +12,10 @@ void print_matrix(const std::string& title, const std::vector<double>& values, i
                   int64_t cols, int decimals = 3);
 
 // The allowed/hidden grid of one (batch, head): █ allowed, · hidden, row and column indices,
-// optional row labels (tokens), and the number of allowed keys per row.
+// optional row labels (tokens), and the number of allowed keys per row. `columns` names the
+// columns in the header ("keys"; "key blocks" for a block-sparse layout).
 void print_grid(const std::vector<uint8_t>& allowed, int64_t rows, int64_t cols,
-                const std::vector<std::string>& row_labels = {});
+                const std::vector<std::string>& row_labels = {},
+                const std::string& columns = "keys");
 
 }  // namespace maskattn::cli
