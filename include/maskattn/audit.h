@@ -7,13 +7,18 @@
 //   leaks         — pairs the mask allows but the expected mask hides (a mask-construction bug);
 //   blind spots   — pairs the mask hides but the expected mask allows;
 //   empty rows    — queries that see no key at all (their output is 0);
-//   silent pairs  — allowed pairs whose perturbation changed nothing (a weight that underflowed).
+//   silent pairs  — allowed pairs whose perturbation changed nothing (a weight that underflowed);
+//   relaxed pairs — allowed pairs that a causal or window component hides and a global-token, span
+//                   or prefix-LM component allows again, with the component: with causal + global
+//                   tokens these are the look-ahead pairs (an earlier query sees a later global
+//                   key, a global query sees the future), legal by design but worth seeing.
 // Typical mistakes it catches: a blocked matrix built with tril instead of triu, a keep matrix
 // passed as blocked, a diagonal hidden by triu(…, 0), a causal mask aligned top-left in a
 // KV-cache step.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "maskattn/array.h"
@@ -34,6 +39,23 @@ struct AuditPair {
   bool operator==(const AuditPair&) const = default;
 };
 
+// Why a relaxing component allows a pair that a causal or window component hides (semantics.md §3,
+// §14).
+enum class Relaxation : uint8_t {
+  global_query,  // the query is a global token
+  global_key,    // the key is a global token
+  global_both,   // both are
+  span,          // query and key are in the same span
+  prefix,        // both positions are in the prefix-LM range
+};
+
+struct AuditRelaxedPair {
+  AuditPair pair;
+  Relaxation reason = Relaxation::global_key;
+  bool look_ahead = false;  // kpos > qpos: the key is later than the query
+  size_t component = 0;     // the relaxing component: its index in mask.components() and labels
+};
+
 struct AuditReport {
   MaskShape shape;
   bool has_expected = false;
@@ -42,6 +64,10 @@ struct AuditReport {
   Array<uint8_t> influence;  // 1 where perturbing key/value j changed output i
   std::vector<AuditPair> kernel_leaks, leaks, blind_spots, silent_pairs;
   std::vector<AuditPair> empty_rows;  // j unused
+  // Allowed pairs beyond a causal/window bound of their head, allowed again by a global-token, span
+  // or prefix-LM component (the first such component of the mask); in (b, h, i, j) order.
+  std::vector<AuditRelaxedPair> relaxed_pairs;
+  std::vector<std::string> labels;  // the mask's component labels (mask.labels())
   int64_t allowed_count = 0, hidden_count = 0;
   // No kernel leak, no leak, no blind spot.
   bool passed() const { return kernel_leaks.empty() && leaks.empty() && blind_spots.empty(); }
@@ -51,5 +77,9 @@ struct AuditReport {
 // Error for invalid sizes (each in [1, 4096], at most 2^24 pairs) or masks that do not fit them.
 AuditReport audit_mask(const Mask& mask, const ScoreMods& mods, const Mask* expected,
                        const AuditOptions& options);
+
+// One relaxed pair in words, e.g. "global_tokens: b=0 h=0 query 3 sees later key 7 (a global
+// key)"; the component is named by its label in `report`.
+std::string relaxed_pair_text(const AuditReport& report, const AuditRelaxedPair& relaxed);
 
 }  // namespace maskattn

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/element.h"
+#include "mask/resolved_mask.h"
 #include "maskattn/dtype.h"
 #include "maskattn/error.h"
 #include "maskattn/memory.h"
@@ -133,7 +134,107 @@ void classify_pairs(const std::vector<uint8_t>& influence, AuditReport& report) 
   }
 }
 
+// The first component of the mask that allows again, for head h, a pair its causal or window
+// components hide (the relaxations of ResolvedMask::relaxed, in the mask's order).
+bool find_relaxation(const Mask& mask, const detail::ResolvedMask& resolved, const AuditPair& p,
+                     AuditRelaxedPair& found) {
+  const auto global = [&](const Array<int64_t>& ids, int64_t t) {
+    return ids.at(ids.dim(0) == 1 ? 0 : p.b, t) != 0;
+  };
+  const int64_t query_position = resolved.qpos(p.b, p.i), key_position = resolved.kpos(p.b, p.j);
+  const auto& components = mask.components();
+  for (size_t n = 0; n < components.size(); ++n) {
+    if (const auto* g = std::get_if<component::GlobalTokens>(&components[n])) {
+      if (!g->heads.contains(p.h)) continue;
+      const bool query = global(g->query_ids, p.i), key = global(g->key_ids, p.j);
+      if (!query && !key) continue;
+      found.reason = query && key ? Relaxation::global_both
+                     : query      ? Relaxation::global_query
+                                  : Relaxation::global_key;
+    } else if (const auto* spans = std::get_if<component::Spans>(&components[n])) {
+      const int64_t span = spans->query_ids.at(p.b, p.i);
+      if (!spans->heads.contains(p.h) || span == 0 || span != spans->key_ids.at(p.b, p.j)) continue;
+      found.reason = Relaxation::span;
+    } else if (const auto* prefix = std::get_if<component::Prefix>(&components[n])) {
+      const auto inside = [&](int64_t position) {
+        return position >= 0 && position < prefix->length;
+      };
+      if (!prefix->heads.contains(p.h) || !inside(query_position) || !inside(key_position)) {
+        continue;
+      }
+      found.reason = Relaxation::prefix;
+    } else {
+      continue;
+    }
+    found.pair = p;
+    found.component = n;
+    found.look_ahead = key_position > query_position;
+    return true;
+  }
+  return false;
+}
+
+// The allowed pairs a causal or window component of their head hides: each was allowed again by a
+// relaxing component, which is recorded with it.
+void find_relaxed_pairs(const Mask& mask, AuditReport& report) {
+  const MaskShape& shape = report.shape;
+  const detail::ResolvedMask resolved(mask, shape);
+  std::vector<const component::Window*> windows;
+  for (const Component& part : mask.components()) {
+    if (const auto* window = std::get_if<component::Window>(&part)) windows.push_back(window);
+  }
+  if (windows.empty()) return;
+  const std::vector<uint8_t>& allowed = report.allowed.values();
+  size_t n = 0;
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    for (int64_t h = 0; h < shape.q_heads; ++h) {
+      for (int64_t i = 0; i < shape.q_len; ++i) {
+        for (int64_t j = 0; j < shape.k_len; ++j, ++n) {
+          if (!allowed[n]) continue;
+          const int64_t distance = resolved.qpos(b, i) - resolved.kpos(b, j);  // > 0: key earlier
+          bool hidden_by_window = false;
+          for (const component::Window* window : windows) {
+            hidden_by_window |= window->heads.contains(h) &&
+                                !(distance <= window->left && -distance <= window->right);
+          }
+          AuditRelaxedPair found;
+          if (hidden_by_window && find_relaxation(mask, resolved, {b, h, i, j}, found)) {
+            report.relaxed_pairs.push_back(found);
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+std::string relaxed_pair_text(const AuditReport& report, const AuditRelaxedPair& relaxed) {
+  const AuditPair& p = relaxed.pair;
+  const char* why = "";
+  switch (relaxed.reason) {
+    case Relaxation::global_query:
+      why = "a global query";
+      break;
+    case Relaxation::global_key:
+      why = "a global key";
+      break;
+    case Relaxation::global_both:
+      why = "a global query and key";
+      break;
+    case Relaxation::span:
+      why = "the same span";
+      break;
+    case Relaxation::prefix:
+      why = "both in the prefix";
+      break;
+  }
+  const std::string label =
+      relaxed.component < report.labels.size() ? report.labels[relaxed.component] : "relaxation";
+  return label + ": b=" + std::to_string(p.b) + " h=" + std::to_string(p.h) + " query " +
+         std::to_string(p.i) + " sees " + (relaxed.look_ahead ? "later" : "earlier") + " key " +
+         std::to_string(p.j) + (relaxed.look_ahead ? "" : " beyond its window") + " (" + why + ")";
+}
 
 AuditReport audit_mask(const Mask& mask, const ScoreMods& mods, const Mask* expected,
                        const AuditOptions& o) {
@@ -163,6 +264,8 @@ AuditReport audit_mask(const Mask& mask, const ScoreMods& mods, const Mask* expe
   const std::vector<uint8_t> influence = measure_influence(mask, mods, o, kv_heads, q, k, v);
   report.influence = Array<uint8_t>({o.batch, o.q_heads, o.q_len, o.k_len}, influence);
   classify_pairs(influence, report);
+  report.labels = mask.labels();
+  find_relaxed_pairs(mask, report);
   return report;
 }
 

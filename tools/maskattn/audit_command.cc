@@ -2,8 +2,11 @@
 // the mask hides exactly what --expect hides and the kernel honours it; 1 otherwise.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <variant>
 #include <vector>
 
 #include "command_options.h"
@@ -32,14 +35,67 @@ void print_findings(const std::string& title, const std::vector<AuditPair>& pair
   fmt::print("{}\n", pairs.size() > 3 ? "; …" : "");
 }
 
+// How many of `pairs` are relaxed pairs; both lists are in (b, h, i, j) order.
+size_t count_relaxed(const std::vector<AuditPair>& pairs,
+                     const std::vector<AuditRelaxedPair>& relaxed) {
+  const auto order = [](const AuditPair& p) { return std::tie(p.b, p.h, p.i, p.j); };
+  size_t count = 0;
+  auto next = relaxed.begin();
+  for (const AuditPair& pair : pairs) {
+    while (next != relaxed.end() && order(next->pair) < order(pair)) ++next;
+    if (next != relaxed.end() && next->pair == pair) ++count;
+  }
+  return count;
+}
+
+bool has_relaxing_component(const Mask& mask) {
+  for (const Component& part : mask.components()) {
+    if (std::holds_alternative<component::GlobalTokens>(part) ||
+        std::holds_alternative<component::Spans>(part) ||
+        std::holds_alternative<component::Prefix>(part)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The relaxed pairs (audit.h): look-ahead ones, then earlier keys beyond a window, each line with
+// up to three examples that name the component.
+void print_relaxed(const AuditReport& r) {
+  for (const bool look_ahead : {true, false}) {
+    std::vector<const AuditRelaxedPair*> pairs;
+    for (const AuditRelaxedPair& relaxed : r.relaxed_pairs) {
+      if (relaxed.look_ahead == look_ahead) pairs.push_back(&relaxed);
+    }
+    fmt::print("{:<52} {}",
+               look_ahead ? "look-ahead pairs allowed by global/span/prefix:"
+                          : "pairs beyond a window allowed by global/span/prefix:",
+               pairs.size());
+    for (size_t n = 0; n < std::min<size_t>(pairs.size(), 3); ++n) {
+      fmt::print("{}{}", n == 0 ? "   e.g. " : "; ", relaxed_pair_text(r, *pairs[n]));
+    }
+    fmt::print("{}\n", pairs.size() > 3 ? "; …" : "");
+  }
+}
+
 // One (b, h) as a grid: █ allowed (as expected), · hidden (as expected), L leak, B blind spot,
-// ! kernel leak.
+// ! kernel leak; G and S mark allowed pairs that global tokens, or spans/prefix-LM, allow past a
+// causal or window bound.
 void print_audit_grid(const AuditReport& r, int64_t b, int64_t h) {
   const int64_t Lq = r.shape.q_len, Lk = r.shape.k_len, H = r.shape.q_heads;
+  std::vector<char> relaxed(static_cast<size_t>(Lq * Lk), 0);
+  for (const AuditRelaxedPair& pair : r.relaxed_pairs) {
+    if (pair.pair.b != b || pair.pair.h != h) continue;
+    const bool global = pair.reason != Relaxation::span && pair.reason != Relaxation::prefix;
+    relaxed[static_cast<size_t>(pair.pair.i * Lk + pair.pair.j)] = global ? 'G' : 'S';
+  }
   fmt::print(
       "\nb={} h={}: █ allowed   · hidden   L leak (allowed, expected hidden)   B blind spot "
-      "(hidden, expected allowed)   ! hidden but influenced (kernel)\n",
-      b, h);
+      "(hidden, expected allowed)   ! hidden but influenced (kernel){}\n",
+      b, h,
+      r.relaxed_pairs.empty()
+          ? ""
+          : "   G/S allowed past causal/window by global tokens / a span or prefix");
   for (int64_t i = 0; i < Lq; ++i) {
     std::string line = fmt::format("{:>5} ", i);
     for (int64_t j = 0; j < Lk; ++j) {
@@ -52,6 +108,8 @@ void print_audit_grid(const AuditReport& r, int64_t b, int64_t h) {
         line += "L";
       } else if (!allowed && expected) {
         line += "B";
+      } else if (relaxed[static_cast<size_t>(i * Lk + j)] != 0) {
+        line += relaxed[static_cast<size_t>(i * Lk + j)];
       } else {
         line += allowed ? "█" : "·";
       }
@@ -90,10 +148,16 @@ int run_audit(const AuditArgs& args) {
   print_findings("kernel leaks (hidden pairs that changed an output)", r.kernel_leaks);
   if (r.has_expected) {
     print_findings("leaks (allowed, but expected hidden)", r.leaks);
+    const size_t relaxed_leaks = count_relaxed(r.leaks, r.relaxed_pairs);
+    if (relaxed_leaks > 0) {
+      fmt::print("{:<52} {} (listed below)\n",
+                 "  of which allowed past causal/window by global/span/prefix:", relaxed_leaks);
+    }
     print_findings("blind spots (hidden, but expected allowed)", r.blind_spots);
   }
   print_findings("rows that see no key (their output is 0)", r.empty_rows, false);
   print_findings("silent pairs (allowed, no measurable influence)", r.silent_pairs);
+  if (has_relaxing_component(mask)) print_relaxed(r);
 
   // The grid of the first (b, h) with a finding, else of (0, 0).
   const std::vector<AuditPair>* lists[] = {&r.kernel_leaks, &r.leaks, &r.blind_spots};
