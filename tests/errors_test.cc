@@ -1100,6 +1100,72 @@ TEST(Errors, E104_SparseLayoutBuilders) {
                         "fixed_layout: summary_blocks = 3 exceeds chunk_blocks = 2");
 }
 
+// ---- sparse attention through the CLI (global:, block-sparse:, maskattn layout) -------------
+
+TEST(Errors, E105_GlobalIdsFileRank) {
+  CliFiles files;
+  const std::string cube = files.write("c.npy", NpyArray::from_int64({1, 0, 0}, {1, 1, 3}));
+  expect_cli_error(files.attend("--mask global:" + cube),
+                   "--mask global:" + cube + ": " + cube +
+                       " has shape [1,1,3]; global-token ids are [B,L] or [L] (≠ 0 = global)",
+                   files.dir.path("out.npy"));
+  const std::string ids = files.write("i.npy", NpyArray::from_int64({1, 0, 0}, {3}));
+  expect_cli_error(files.attend("--mask global:" + ids + ":" + cube),
+                   cube + " has shape [1,1,3]; global-token ids are [B,Lk] or [Lk]");
+}
+
+TEST(Errors, E106_BlockSparseSpecSyntax) {
+  CliFiles files;
+  const std::string layout = files.write("l.npy", NpyArray::from_bools({1, 1, 1, 1}, {2, 2}));
+  expect_cli_error(files.attend("--mask block-sparse:0:2:" + layout),
+                   "--mask block-sparse:0:2:" + layout +
+                       ": block size BQ '0' is not a positive integer (block-sparse:BQ:BK:FILE)",
+                   files.dir.path("out.npy"));
+  expect_cli_error(files.attend("--mask block-sparse:2:x:" + layout),
+                   "block size BK 'x' is not a positive integer");
+  expect_cli_error(files.attend("--mask block-sparse:2:" + layout),
+                   "block-sparse needs BQ:BK:FILE (block sizes in queries and keys, then the "
+                   "layout), e.g. block-sparse:64:64:layout.npy");
+  expect_cli_error("mask block-sparse:2:2:/nonexistent/l.npy --lq 3 --lk 3",
+                   "block-sparse:2:2:/nonexistent/l.npy: cannot open '/nonexistent/l.npy'");
+}
+
+TEST(Errors, E107_BlockSparseLayoutFile) {
+  CliFiles files;
+  const std::string twos = files.write("t.npy", NpyArray::from_int64({1, 0, 2, 1}, {2, 2}));
+  expect_cli_error(files.attend("--mask block-sparse:2:2:" + twos),
+                   twos + " holds 2 at flat index 2; block-sparse layouts hold only 0 and 1",
+                   files.dir.path("out.npy"));
+  const std::string row = files.write("r.npy", NpyArray::from_bools({1, 1}, {2}));
+  expect_cli_error(files.attend("--mask block-sparse:2:2:" + row),
+                   row +
+                       " has shape [2]; a block-sparse layout is [nQ,nK], [H,nQ,nK] or "
+                       "[B,H,nQ,nK]");
+  const std::string floats = files.write("f.npy", NpyArray::from_floats({1, 0, 1, 1}, {2, 2}));
+  expect_cli_error(files.attend("--mask block-sparse:2:2:" + floats),
+                   floats + " has dtype float32; block-sparse layouts are bool or 0/1 integers");
+}
+
+TEST(Errors, E108_LayoutCommand) {
+  CliFiles files;
+  const std::string out = files.dir.path("layout.npy");
+  expect_cli_error("layout bigbird --blocks 8 --sliding 2 --out " + out,
+                   "bigbird_layout: sliding_blocks = 2 must be odd", out);
+  expect_cli_error("layout fixed --blocks 8 --chunk 2 --summary 3 --out " + out,
+                   "fixed_layout: summary_blocks = 3 exceeds chunk_blocks = 2", out);
+  // Counts out of range and a missing kind are command-line syntax (exit 2).
+  expect_cli_error("layout strided --blocks 0 --local 1 --stride 2 --out " + out,
+                   "--blocks: Value 0 not in range 1 to 1048576", out, 2);
+  expect_cli_error("layout --blocks 8 --out " + out, "A subcommand is required", out, 2);
+  // An unwritable --out (E69) leaves nothing behind.
+  expect_cli_error("layout strided --blocks 4 --local 1 --stride 2 --out /nonexistent/dir/l.npy",
+                   "cannot write '/nonexistent/dir/l.npy': cannot create "
+                   "'/nonexistent/dir/l.npy.tmp-");
+  for (const auto& entry : std::filesystem::directory_iterator(files.dir.root())) {
+    EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
+}
+
 // ---- the document and the tests agree ------------------------------------------------------
 
 TEST(Errors, CatalogueEntriesAllHaveTests) {
