@@ -349,6 +349,66 @@ TEST_F(CliAttend, GlobalTokensAndBlockSparseLayoutsEqualTheLibrary) {
       << short_layout.err;
 }
 
+// docs/semantics.md §14's correspondences, against Hugging Face's own outputs (saved by
+// tests/data/make_hf_sparse.py): Longformer is window(w/2, w/2) & global tokens & padding, its
+// global rows computed from the *_global projections; BigBird in eval mode is its layout without
+// random blocks plus ln(1 + r) on key block 0 in the rows that have random slots.
+TEST(CliSparse, MatchesHuggingFaceLongformerAndBigBird) {
+  const auto data = [](const std::string& name) {
+    return std::string(MASKATTN_SOURCE_DIR) + "/tests/data/hf_sparse/" + name + ".npy";
+  };
+  const auto max_difference = [](const std::vector<float>& a, const std::vector<float>& b) {
+    float largest = a.size() == b.size() ? 0.0f : INFINITY;
+    for (size_t n = 0; n < a.size() && n < b.size(); ++n) {
+      largest = std::max(largest, std::fabs(a[n] - b[n]));
+    }
+    return largest;
+  };
+  test::TempDir dir;
+  // maskattn attend on saved projections: `model` + "query" / "key" / "value" + `suffix`.
+  const auto attend = [&](const std::string& model, const std::string& masks,
+                          const std::string& suffix = "") {
+    const test::CliResult result = run_cli(
+        "attend --q " + data(model + "query" + suffix) + " --k " + data(model + "key" + suffix) +
+        " --v " + data(model + "value" + suffix) + " --out " + dir.path("o.npy") + " " + masks);
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    return read_npy(dir.path("o.npy")).to_float32("o");
+  };
+
+  const std::string padding = data("longformer_attention_mask");
+  const std::string longformer = "--mask window:2:2 --mask global:" + data("longformer_global") +
+                                 " --mask key-keep:" + padding + " --mask query-keep:" + padding;
+  const std::vector<float> local = attend("longformer_", longformer);
+  const std::vector<float> global = attend("longformer_", longformer, "_global");
+  // The global tokens' rows (0 and 6, 8 features each) from the global projections.
+  std::vector<float> ours = local;
+  const std::vector<int64_t> is_global = read_npy(data("longformer_global")).to_int64("global");
+  for (size_t i = 0; i < is_global.size(); ++i) {
+    if (is_global[i] != 0) std::copy_n(global.begin() + i * 8, 8, ours.begin() + i * 8);
+  }
+  const std::vector<float> hf_longformer = read_npy(data("longformer_out")).to_float32("hf");
+  EXPECT_LE(max_difference(ours, hf_longformer), 2e-7f);
+  EXPECT_GT(max_difference(local, hf_longformer), 1e-2f);  // HF's global rows are its own
+  EXPECT_GT(max_difference(attend("longformer_", "--mask window:2:2 --mask key-keep:" + padding),
+                           hf_longformer),
+            1e-2f);  // and the global tokens matter
+
+  // BigBird: 16 blocks of 4, r = 2.
+  const std::string layout = dir.path("bigbird.npy");
+  ASSERT_EQ(run_cli("layout bigbird --blocks 16 --random 0 --out " + layout).exit_code, 0);
+  std::vector<float> bias(64 * 64, 0.0f);
+  for (int64_t i = 4; i < 60; ++i) {
+    for (int64_t j = 0; j < 4; ++j) bias[i * 64 + j] = std::log(3.0f);
+  }
+  write_npy(dir.path("bias.npy"), NpyArray::from_floats(bias, {64, 64}));
+  const std::vector<float> hf_bigbird = read_npy(data("bigbird_out")).to_float32("hf");
+  const std::vector<float> bigbird = attend(
+      "bigbird_", "--mask block-sparse:4:4:" + layout + " --mask bias:" + dir.path("bias.npy"));
+  EXPECT_LE(max_difference(bigbird, hf_bigbird), 5e-7f);
+  EXPECT_GT(max_difference(attend("bigbird_", "--mask block-sparse:4:4:" + layout), hf_bigbird),
+            1e-2f);
+}
+
 TEST_F(CliAttend, RankTwoAndThreeInputsKeepTheirLayout) {
   write_npy(path("q2.npy"),
             NpyArray::from_floats(std::vector<float>(q_.begin(), q_.begin() + L * D), {L, D}));
