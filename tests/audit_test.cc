@@ -225,13 +225,20 @@ TEST(Audit, TheFusedKernelHonoursGlobalTokensAndBlockSparseLayouts) {
   options.q_heads = 2;
   options.q_len = options.k_len = 130;
   options.kernel = Kernel::fused;
-  for (const Mask& mask : {Mask().causal().global_tokens(Array<int64_t>({130}, global)),
-                           Mask().sliding_window(20).global_tokens(Array<int64_t>({130}, global)),
-                           Mask().block_sparse(layout, 16, 16),
-                           Mask()
-                               .causal()
-                               .global_tokens(Array<int64_t>({130}, global))
-                               .block_sparse(layout, 16, 16)}) {
+  const Array<int64_t> ids({130}, global);
+  std::vector<int64_t> document(130, 0);
+  for (size_t t = 70; t < document.size(); ++t) document[t] = 1;
+  const std::vector<Mask> masks = {
+      Mask().causal().global_tokens(ids),
+      Mask().sliding_window(20).global_tokens(ids),
+      Mask().block_sparse(layout, 16, 16),
+      Mask().causal().global_tokens(ids).block_sparse(layout, 16, 16),
+      // Per head, and with padding, chunks and segments, which global tokens do not relax.
+      Mask().causal().global_tokens(ids, HeadSet{1}).key_lengths({100}),
+      Mask().window(8, 8).chunk(50).global_tokens(ids),
+      Mask().causal().segments(Array<int64_t>({1, 130}, document)).global_tokens(ids),
+  };
+  for (const Mask& mask : masks) {
     const AuditReport r = audit_mask(mask, {}, nullptr, options);
     EXPECT_TRUE(r.passed()) << mask.describe();
     EXPECT_EQ(r.influence.values(), r.allowed.values()) << mask.describe();
