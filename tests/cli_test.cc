@@ -178,6 +178,37 @@ TEST(CliLayout, WritesWhatTheBuildersBuild) {
   EXPECT_FALSE(contains(large, "key blocks\n"));
 }
 
+// semantics.md §14's decode note: a KV-cache step of T = 2 queries at positions 6 and 7 over the
+// 8 cached keys, given the layout rows (6 + t) / 2 with block_q = 1, the key columns ⌈8/2⌉ so far
+// and the two-array global flags, allows exactly the full forward's rows 6 and 7 (causal, so no
+// row looks past the cache; the global key 0 is in the past).
+TEST(CliMask, ADecodeStepGetsTheFullForwardsRows) {
+  test::TempDir dir;
+  const Array<uint8_t> layout = bigbird_layout(8, {3, 2, 1, 0});  // 16 tokens in blocks of 2
+  std::vector<int64_t> global(16, 0);
+  global[0] = 1;
+  const Mask full =
+      Mask().causal().global_tokens(Array<int64_t>({16}, global)).block_sparse(layout, 2, 2);
+  const Array<uint8_t> pairs = allowed_pairs(full, {1, 1, 16, 16});
+  std::vector<uint8_t> rows;
+  for (int64_t position : {6, 7}) {
+    for (int64_t c = 0; c < 4; ++c) rows.push_back(layout.values()[(position / 2) * 8 + c]);
+  }
+  write_npy(dir.path("rows.npy"), NpyArray::from_bools(rows, {2, 4}));
+  write_npy(dir.path("q.npy"), NpyArray::from_int64({0, 0}, {2}));
+  write_npy(dir.path("k.npy"), NpyArray::from_int64({1, 0, 0, 0, 0, 0, 0, 0}, {8}));
+  const test::CliResult step =
+      run_cli("mask causal global:" + dir.path("q.npy") + ":" + dir.path("k.npy") +
+              " block-sparse:1:2:" + dir.path("rows.npy") + " --lq 2 --lk 8");
+  ASSERT_EQ(step.exit_code, 0) << step.err;
+  for (int64_t t = 0; t < 2; ++t) {
+    std::string row = std::to_string(t) + "  ";
+    for (int64_t j = 0; j < 8; ++j) row += pairs.values()[(6 + t) * 16 + j] ? "█ " : "· ";
+    EXPECT_TRUE(contains(step.out, row)) << row << "\n" << step.out;
+  }
+  EXPECT_TRUE(contains(step.out, "layout [2,4] of blocks of 1 query × 2 keys")) << step.out;
+}
+
 // A layout from the command feeds block-sparse: and the mask is the one the library builds.
 TEST(CliLayout, FeedsTheBlockSparseSpec) {
   test::TempDir dir;

@@ -90,8 +90,10 @@ void print_sparse_notes(const Mask& mask, int64_t batch) {
                  label, global_indices(global->query_ids, batch),
                  global_indices(global->key_ids, batch));
     } else if (const auto* sparse = std::get_if<component::BlockSparse>(&part)) {
-      fmt::print("{}: layout {} of blocks of {} queries × {} keys (row/column indices)\n", label,
-                 shape_string(sparse->layout.shape()), sparse->block_q, sparse->block_k);
+      fmt::print("{}: layout {} of blocks of {} {} × {} {} (row/column indices)\n", label,
+                 shape_string(sparse->layout.shape()), sparse->block_q,
+                 sparse->block_q == 1 ? "query" : "queries", sparse->block_k,
+                 sparse->block_k == 1 ? "key" : "keys");
     }
   }
 }
