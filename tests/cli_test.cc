@@ -172,6 +172,7 @@ TEST(CliLayout, WritesWhatTheBuildersBuild) {
       written("fixed --blocks 8 --chunk 4 --summary 2 --bidirectional --heads 2",
               fixed_layout(8, 4, 2, false, 2));
   EXPECT_TRUE(contains(fixed, "head 1: 48 of 64 blocks allowed (75.0%)")) << fixed;
+  EXPECT_TRUE(contains(run_cli("--help").out, "write a block-sparse layout .npy"));
   // Large layouts are written, not drawn.
   const std::string large =
       written("strided --blocks 65 --local 1 --stride 8", strided_layout(65, 1, 8));
