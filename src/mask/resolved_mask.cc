@@ -81,7 +81,8 @@ void check_global_ids(const component::GlobalTokens& global, const MaskShape& sh
                   std::to_string(length) + "] for every sequence)");
     }
   };
-  check(global.query_ids, shape.q_len, global.shared ? " " : " query ", "[B,Lq]");
+  check(global.query_ids, shape.q_len, global.shared ? " " : " query ",
+        global.shared ? "[B,L]" : "[B,Lq]");
   if (!global.shared) check(global.key_ids, shape.k_len, " key ", "[B,Lk]");
 }
 
