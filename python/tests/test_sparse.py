@@ -401,10 +401,10 @@ def test_a_builders_layout_at_a_block_size_masks_attention(rng):
 
 def test_global_token_ids_must_fit_the_call():  # E103
     ids = np.zeros((B, 9), np.int64)
-    with raises(r"^global_tokens ids have shape \[2,9\]; expected \[B,Lq\] = \[2,8\] \(or \[8\] "
+    with raises(r"^global_tokens ids have shape \[2,9\]; expected \[B,L\] = \[2,8\] \(or \[8\] "
                 r"for every sequence\)"):
         ma.allowed_pairs(ma.Mask().causal().global_tokens(ids), B, 1, 8)
-    with raises(r"^global_tokens ids have shape \[2,9\]; expected \[B,Lq\] = \[3,9\]"):
+    with raises(r"^global_tokens ids have shape \[2,9\]; expected \[B,L\] = \[3,9\]"):
         ma.attention(*random_inputs(np.random.default_rng(0), 3, 1, 1, 9, 9, 4),
                      ma.Mask().global_tokens(ids))
     with raises(r"^global_tokens key ids have shape \[2,9\]; expected \[B,Lk\] = \[2,10\]"):
