@@ -138,12 +138,11 @@ bool has_score_mods(const Problem& p) {
 }
 
 // Tile mode: one item per (b, h, 64-query block) against all keys, costed in tiles visited.
-// Blocks that visit few key tiles (a sliding window, chunks, Longformer's band and global keys, a
-// BigBird layout) come in runs of consecutive blocks of one head instead: each block then finds
-// most of its K and V band, and the next block's queries, already in this thread's caches, where
-// one block alone would spend much of its time waiting for memory (a window of 256 keys visits only
-// 5 tiles per block). Grouping changes which thread computes a block, never how: the results are
-// the same bits.
+// Blocks whose key band is short (a sliding window, chunks) come in runs of consecutive blocks of
+// one head instead: each block then finds most of its K and V band, and the next block's queries,
+// already in this thread's caches, where one block alone would spend much of its time waiting for
+// memory (a window of 256 keys visits only 5 tiles per block). Grouping changes which thread
+// computes a block, never how: the results are the same bits.
 constexpr int64_t kShortBandTiles = 8;  // bands of at most this many tiles are grouped
 constexpr int64_t kMaxRunBlocks = 8;    // blocks per item at most
 
@@ -155,7 +154,8 @@ void plan_tile_items(const Problem& p, const BlockMap& blocks, std::vector<Item>
     for (int64_t h = 0; h < p.q_heads; ++h) {
       bool run_open = false;  // the last item is a run of short-band blocks of this head
       for (int64_t qt = 0; qt < blocks.q_tiles(); ++qt) {
-        const int64_t tiles = blocks.tiles_to_visit(b, h, qt);  // the item's cost
+        const BlockMap::TileRange band = blocks.k_tile_range(b, h, qt);
+        const int64_t tiles = band.end - band.first;  // visited at most: the item's cost
         const bool short_band = tiles <= kShortBandTiles;
         if (short_band && run_open && items.back().q_blocks < run_limit) {
           items.back().q_blocks += 1;

@@ -375,16 +375,6 @@ BlockMap::TileRange BlockMap::k_tile_range(int64_t b, int64_t h, int64_t q_tile)
   return range.first < range.end ? range : TileRange{0, 0};
 }
 
-int64_t BlockMap::tiles_to_visit(int64_t b, int64_t h, int64_t q_tile) const {
-  const TileRange range = k_tile_range(b, h, q_tile);
-  if (global_counts_.empty() && layout_rows_.empty()) return range.end - range.first;
-  int64_t count = 0;
-  for (int64_t k_tile = range.first; k_tile < range.end; ++k_tile) {
-    count += kind(b, h, q_tile, k_tile) != TileKind::empty;
-  }
-  return count;
-}
-
 TileKind BlockMap::kind(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const {
   if (!skipping_) return TileKind::partial;
   const MaskShape& shape = mask_.shape();

@@ -33,9 +33,6 @@ class BlockMap {
     int64_t first, end;
   };
   TileRange k_tile_range(int64_t b, int64_t h, int64_t q_tile) const;
-  // The non-empty key tiles of the query tile (its cost): the width of k_tile_range, except where
-  // global tokens or block-sparse layouts leave gaps inside it, which are counted out.
-  int64_t tiles_to_visit(int64_t b, int64_t h, int64_t q_tile) const;
 
   struct Range {
     int64_t lo, hi;  // inclusive
