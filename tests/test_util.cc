@@ -192,6 +192,19 @@ std::vector<std::pair<std::string, Mask>> sweep_masks(const RandomProblem& p) {
   };
 }
 
+std::vector<std::pair<std::string, Mask>> sparse_sweep_masks(const RandomProblem& p) {
+  std::vector<std::pair<std::string, Mask>> sparse;
+  for (auto& [name, mask] : sweep_masks(p)) {
+    for (const char* word : {"global", "sparse", "bigbird"}) {
+      if (name.find(word) != std::string::npos) {
+        sparse.emplace_back(name, std::move(mask));
+        break;
+      }
+    }
+  }
+  return sparse;
+}
+
 void for_each_edge_case(
     uint64_t seed,
     const std::function<void(const RandomProblem&, const Mask&, const std::string&)>& check) {

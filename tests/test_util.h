@@ -60,6 +60,8 @@ float max_error(const std::vector<float>& a, const std::vector<float>& b);
 
 // Every mask component alone and in the usual combinations, sized for p (the kernel sweeps).
 std::vector<std::pair<std::string, Mask>> sweep_masks(const RandomProblem& p);
+// The sweep masks holding global tokens or a block-sparse layout.
+std::vector<std::pair<std::string, Mask>> sparse_sweep_masks(const RandomProblem& p);
 
 // The docs/design.md §5 sweep, f32: sizes 1, 2, 3, 17, 63, 64, 65, 127, 129 with Lq ≠ Lk both ways,
 // D and GQA varying with the case, every sweep mask; problems seeded from `seed` + 1 on.
