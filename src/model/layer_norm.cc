@@ -1,0 +1,62 @@
+#include "model/layer_norm.h"
+
+#include <cmath>
+
+namespace maskattn::model {
+
+void layer_norm_forward(const float* x, int64_t rows, int64_t width, const float* gamma,
+                        const float* beta, float eps, float* y, float* mean, float* rstd,
+                        int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads != 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * width;
+    double sum = 0;
+    for (int64_t n = 0; n < width; ++n) sum += row[n];
+    const double mu = sum / static_cast<double>(width);
+    double squares = 0;
+    for (int64_t n = 0; n < width; ++n) squares += (row[n] - mu) * (row[n] - mu);
+    const double r_std = 1.0 / std::sqrt(squares / static_cast<double>(width) + eps);
+    mean[r] = static_cast<float>(mu);
+    rstd[r] = static_cast<float>(r_std);
+    float* out = y + r * width;
+    for (int64_t n = 0; n < width; ++n) {
+      out[n] = static_cast<float>((row[n] - mu) * r_std) * gamma[n] + beta[n];
+    }
+  }
+}
+
+void layer_norm_backward(const float* x, const float* dy, int64_t rows, int64_t width,
+                         const float* gamma, const float* mean, const float* rstd, float* dx,
+                         float* dgamma, float* dbeta, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads != 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * width;
+    const float* grad = dy + r * width;
+    double sum_g = 0, sum_g_xhat = 0;
+    for (int64_t n = 0; n < width; ++n) {
+      const double xhat = (row[n] - mean[r]) * static_cast<double>(rstd[r]);
+      const double g = static_cast<double>(gamma[n]) * grad[n];
+      sum_g += g;
+      sum_g_xhat += g * xhat;
+    }
+    const double mean_g = sum_g / static_cast<double>(width);
+    const double mean_g_xhat = sum_g_xhat / static_cast<double>(width);
+    float* out = dx + r * width;
+    for (int64_t n = 0; n < width; ++n) {
+      const double xhat = (row[n] - mean[r]) * static_cast<double>(rstd[r]);
+      const double g = static_cast<double>(gamma[n]) * grad[n];
+      out[n] = static_cast<float>(rstd[r] * (g - mean_g - xhat * mean_g_xhat));
+    }
+  }
+  // Parameter gradients: a sum over rows, in row order (the same bits for any thread count).
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * width;
+    const float* grad = dy + r * width;
+    for (int64_t n = 0; n < width; ++n) {
+      dgamma[n] += grad[n] * ((row[n] - mean[r]) * rstd[r]);
+      dbeta[n] += grad[n];
+    }
+  }
+}
+
+}  // namespace maskattn::model
