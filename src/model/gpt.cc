@@ -1,0 +1,243 @@
+#include "model/gpt.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "kernels/matmul.h"
+#include "maskattn/error.h"
+#include "model/gelu.h"
+#include "model/layer_norm.h"
+
+namespace maskattn::model {
+
+namespace {
+
+// out [cols, rows] = in [rows, cols] transposed.
+void transpose(const float* in, int64_t rows, int64_t cols, std::vector<float>& out) {
+  out.resize(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
+  }
+}
+
+// y [rows, out] = x [rows, in] · Wᵀ + b, given wt = Wᵀ [in, out].
+void linear_forward(const float* x, int64_t rows, int64_t in, const float* wt, const float* b,
+                    int64_t out, float* y, int threads) {
+  detail::matmul(x, in, 1, rows, in, wt, out, out, y, out, false, threads);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t n = 0; n < out; ++n) y[r * out + n] += b[n];
+  }
+}
+
+// For y = x·Wᵀ + b: dx = dy·W (overwritten), dW += dyᵀ·x, db += Σ_rows dy (in row order).
+void linear_backward(const float* x, const float* dy, int64_t rows, int64_t in, int64_t out,
+                     const float* w, float* dx, float* dw, float* db, int threads) {
+  detail::matmul(dy, out, 1, rows, out, w, in, in, dx, in, false, threads);
+  detail::matmul(dy, 1, out, out, rows, x, in, in, dw, in, true, threads);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t n = 0; n < out; ++n) db[n] += dy[r * out + n];
+  }
+}
+
+void add_into(float* into, const float* values, int64_t count) {
+  for (int64_t n = 0; n < count; ++n) into[n] += values[n];
+}
+
+}  // namespace
+
+Gpt::Gpt(GptParameters parameters, bool causal)
+    : parameters_(std::move(parameters)), causal_(causal) {
+  blocks_.resize(parameters_.config().layers);
+}
+
+Mask Gpt::mask_for(const GptBatch& batch) const {
+  Mask mask;
+  if (causal_) mask.causal();
+  if (batch.pad >= 0) {
+    std::vector<int64_t> keep(batch.batch * batch.length);
+    for (int64_t n = 0; n < batch.batch * batch.length; ++n) keep[n] = batch.tokens[n] != batch.pad;
+    mask.key_keep(Array<int64_t>({batch.batch, batch.length}, std::move(keep)));
+  }
+  return mask;
+}
+
+CrossEntropy Gpt::loss_and_gradients(const float* params, const GptBatch& batch, float* grads,
+                                     int threads) {
+  const GptConfig& config = parameters_.config();
+  if (batch.length > config.context) {
+    throw Error("gpt: a batch of length " + std::to_string(batch.length) +
+                " exceeds the model's context of " + std::to_string(config.context));
+  }
+  for (int64_t n = 0; n < batch.batch * batch.length; ++n) {
+    if (batch.tokens[n] < 0 || batch.tokens[n] >= config.vocab) {
+      throw Error("gpt: token " + std::to_string(batch.tokens[n]) + " at flat index " +
+                  std::to_string(n) + " is outside the vocabulary [0, " +
+                  std::to_string(config.vocab) + ")");
+    }
+  }
+  for (int64_t n = 0; n < batch.batch * batch.length; ++n) {
+    const int32_t target = batch.targets[n];
+    if (target != kIgnoreTarget && (target < 0 || target >= config.vocab)) {
+      throw Error("gpt: target " + std::to_string(target) + " at flat index " + std::to_string(n) +
+                  " is outside the vocabulary and not the ignore value -1");
+    }
+  }
+  mask_ = mask_for(batch);
+  forward(params, batch, threads);
+  const int64_t rows = batch.batch * batch.length;
+  if (grads == nullptr) {
+    return cross_entropy(logits_.data(), batch.targets, rows, config.vocab, kIgnoreTarget, nullptr,
+                         threads);
+  }
+  // dlogits overwrite the logits: the backward needs only them.
+  const CrossEntropy loss = cross_entropy(logits_.data(), batch.targets, rows, config.vocab,
+                                          kIgnoreTarget, logits_.data(), threads);
+  backward(params, batch, grads, threads);
+  return loss;
+}
+
+void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
+  const GptConfig& config = parameters_.config();
+  const int64_t E = config.d_model, H4 = config.hidden(), V = config.vocab;
+  const int64_t rows = batch.batch * batch.length;
+  const float* wte = params + parameters_.wte();
+  const float* wpe = params + parameters_.wpe();
+  residual_.resize(rows * E);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* token = wte + batch.tokens[r] * E;
+    const float* position = wpe + (r % batch.length) * E;
+    for (int64_t n = 0; n < E; ++n) residual_[r * E + n] = token[n] + position[n];
+  }
+  LayerOptions layer_options;
+  layer_options.attention.threads = threads;
+  attention_.clear();
+  for (int64_t l = 0; l < config.layers; ++l) {
+    const BlockOffsets& o = parameters_.block(l);
+    GptBlockState& s = blocks_[l];
+    s.x_in = residual_;
+    s.ln_1.resize(rows * E);
+    s.ln_1_mean.resize(rows);
+    s.ln_1_rstd.resize(rows);
+    layer_norm_forward(s.x_in.data(), rows, E, params + o.ln_1_weight, params + o.ln_1_bias,
+                       config.ln_eps, s.ln_1.data(), s.ln_1_mean.data(), s.ln_1_rstd.data(),
+                       threads);
+    // Attention: Q, K, V are c_attn's row blocks, the output projection is attn.c_proj.
+    LayerWeights weights;
+    const float* c_attn = params + o.c_attn_weight;
+    const float* c_attn_bias = params + o.c_attn_bias;
+    weights.q_weight = Array<float>({E, E}, {c_attn, c_attn + E * E});
+    weights.k_weight = Array<float>({E, E}, {c_attn + E * E, c_attn + 2 * E * E});
+    weights.v_weight = Array<float>({E, E}, {c_attn + 2 * E * E, c_attn + 3 * E * E});
+    weights.out_weight =
+        Array<float>({E, E}, {params + o.attn_proj_weight, params + o.attn_proj_weight + E * E});
+    weights.q_bias = Array<float>({E}, {c_attn_bias, c_attn_bias + E});
+    weights.k_bias = Array<float>({E}, {c_attn_bias + E, c_attn_bias + 2 * E});
+    weights.v_bias = Array<float>({E}, {c_attn_bias + 2 * E, c_attn_bias + 3 * E});
+    weights.out_bias =
+        Array<float>({E}, {params + o.attn_proj_bias, params + o.attn_proj_bias + E});
+    attention_.emplace_back(std::move(weights), config.heads);
+    const TensorView ln_1(s.ln_1.data(), {batch.batch, batch.length, E});
+    s.x_mid.resize(rows * E);
+    attention_.back().forward(ln_1, ln_1, ln_1,
+                              MutableTensorView(s.x_mid.data(), {batch.batch, batch.length, E}),
+                              mask_, {}, layer_options, &s.attention);
+    add_into(s.x_mid.data(), s.x_in.data(), rows * E);
+    // MLP.
+    s.ln_2.resize(rows * E);
+    s.ln_2_mean.resize(rows);
+    s.ln_2_rstd.resize(rows);
+    layer_norm_forward(s.x_mid.data(), rows, E, params + o.ln_2_weight, params + o.ln_2_bias,
+                       config.ln_eps, s.ln_2.data(), s.ln_2_mean.data(), s.ln_2_rstd.data(),
+                       threads);
+    transpose(params + o.c_fc_weight, H4, E, s.fc_t);
+    transpose(params + o.mlp_proj_weight, E, H4, s.proj_t);
+    s.fc.resize(rows * H4);
+    s.act.resize(rows * H4);
+    linear_forward(s.ln_2.data(), rows, E, s.fc_t.data(), params + o.c_fc_bias, H4, s.fc.data(),
+                   threads);
+    gelu_forward(s.fc.data(), rows * H4, s.act.data(), threads);
+    linear_forward(s.act.data(), rows, H4, s.proj_t.data(), params + o.mlp_proj_bias, E,
+                   residual_.data(), threads);
+    add_into(residual_.data(), s.x_mid.data(), rows * E);
+  }
+  ln_f_.resize(rows * E);
+  ln_f_mean_.resize(rows);
+  ln_f_rstd_.resize(rows);
+  layer_norm_forward(residual_.data(), rows, E, params + parameters_.ln_f_weight(),
+                     params + parameters_.ln_f_bias(), config.ln_eps, ln_f_.data(),
+                     ln_f_mean_.data(), ln_f_rstd_.data(), threads);
+  transpose(wte, V, E, wte_t_);
+  logits_.resize(rows * V);
+  detail::matmul(ln_f_.data(), E, 1, rows, E, wte_t_.data(), V, V, logits_.data(), V, false,
+                 threads);
+}
+
+void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int threads) {
+  const GptConfig& config = parameters_.config();
+  const int64_t E = config.d_model, H4 = config.hidden(), V = config.vocab;
+  const int64_t rows = batch.batch * batch.length;
+  std::fill(grads, grads + parameters_.count(), 0.0f);
+  const float* wte = params + parameters_.wte();
+  float* dwte = grads + parameters_.wte();
+  // The LM head (tied): dln_f = dlogits·wte, dwte += dlogitsᵀ·ln_f.
+  const float* dlogits = logits_.data();
+  scratch_a_.resize(rows * E);
+  detail::matmul(dlogits, V, 1, rows, V, wte, E, E, scratch_a_.data(), E, false, threads);
+  detail::matmul(dlogits, 1, V, V, rows, ln_f_.data(), E, E, dwte, E, true, threads);
+  dx_.resize(rows * E);
+  layer_norm_backward(residual_.data(), scratch_a_.data(), rows, E,
+                      params + parameters_.ln_f_weight(), ln_f_mean_.data(), ln_f_rstd_.data(),
+                      dx_.data(), grads + parameters_.ln_f_weight(),
+                      grads + parameters_.ln_f_bias(), threads);
+  LayerOptions layer_options;
+  layer_options.attention.threads = threads;
+  scratch_b_.resize(rows * E);
+  scratch_h_.resize(rows * H4);
+  for (int64_t l = config.layers - 1; l >= 0; --l) {
+    const BlockOffsets& o = parameters_.block(l);
+    GptBlockState& s = blocks_[l];
+    // x_out = x_mid + c_proj(gelu(c_fc(ln_2(x_mid)))): dx_ is ∂L/∂x_out.
+    linear_backward(s.act.data(), dx_.data(), rows, H4, E, params + o.mlp_proj_weight,
+                    scratch_h_.data(), grads + o.mlp_proj_weight, grads + o.mlp_proj_bias, threads);
+    gelu_backward(s.fc.data(), scratch_h_.data(), rows * H4, scratch_h_.data(), threads);
+    linear_backward(s.ln_2.data(), scratch_h_.data(), rows, E, H4, params + o.c_fc_weight,
+                    scratch_a_.data(), grads + o.c_fc_weight, grads + o.c_fc_bias, threads);
+    layer_norm_backward(s.x_mid.data(), scratch_a_.data(), rows, E, params + o.ln_2_weight,
+                        s.ln_2_mean.data(), s.ln_2_rstd.data(), scratch_b_.data(),
+                        grads + o.ln_2_weight, grads + o.ln_2_bias, threads);
+    add_into(dx_.data(), scratch_b_.data(), rows * E);  // now ∂L/∂x_mid
+    // x_mid = x_in + attn(ln_1(x_in)).
+    const LayerGradients attention =
+        attention_[l].backward(s.attention, TensorView(dx_.data(), {batch.batch, batch.length, E}),
+                               mask_, {}, layer_options);
+    for (int64_t n = 0; n < rows * E; ++n) {
+      scratch_a_[n] =
+          attention.dquery.data()[n] + attention.dkey.data()[n] + attention.dvalue.data()[n];
+    }
+    const LayerWeights& dw = attention.dweights;
+    float* dc_attn = grads + o.c_attn_weight;
+    float* dc_attn_bias = grads + o.c_attn_bias;
+    std::copy(dw.q_weight.data(), dw.q_weight.data() + E * E, dc_attn);
+    std::copy(dw.k_weight.data(), dw.k_weight.data() + E * E, dc_attn + E * E);
+    std::copy(dw.v_weight.data(), dw.v_weight.data() + E * E, dc_attn + 2 * E * E);
+    std::copy(dw.out_weight.data(), dw.out_weight.data() + E * E, grads + o.attn_proj_weight);
+    std::copy(dw.q_bias.data(), dw.q_bias.data() + E, dc_attn_bias);
+    std::copy(dw.k_bias.data(), dw.k_bias.data() + E, dc_attn_bias + E);
+    std::copy(dw.v_bias.data(), dw.v_bias.data() + E, dc_attn_bias + 2 * E);
+    std::copy(dw.out_bias.data(), dw.out_bias.data() + E, grads + o.attn_proj_bias);
+    layer_norm_backward(s.x_in.data(), scratch_a_.data(), rows, E, params + o.ln_1_weight,
+                        s.ln_1_mean.data(), s.ln_1_rstd.data(), scratch_b_.data(),
+                        grads + o.ln_1_weight, grads + o.ln_1_bias, threads);
+    add_into(dx_.data(), scratch_b_.data(), rows * E);  // now ∂L/∂x_in
+  }
+  // The embeddings, in row order.
+  float* dwpe = grads + parameters_.wpe();
+  for (int64_t r = 0; r < rows; ++r) {
+    add_into(dwte + batch.tokens[r] * E, dx_.data() + r * E, E);
+    add_into(dwpe + (r % batch.length) * E, dx_.data() + r * E, E);
+  }
+}
+
+}  // namespace maskattn::model

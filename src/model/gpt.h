@@ -1,0 +1,74 @@
+// The decoder-only Transformer (nanoGPT's shape) on maskattn's attention layer: forward and
+// backward of the whole model for one batch, the loss over real tokens only.
+//
+//   x₀ = wte[token] + wpe[t]
+//   per block:  x ← x + attn(ln_1(x)),  x ← x + c_proj(gelu(c_fc(ln_2(x))))
+//   logits = ln_f(x) · wteᵀ  (the LM head tied to the embedding),  loss = cross_entropy(logits)
+//
+// The attention is MultiHeadAttention with Q, K, V from c_attn's three row blocks and out_proj =
+// attn.c_proj, under the model's mask: causal (the look-ahead mask) or none, and, for a padded
+// batch, the padding keys hidden (key_keep of tokens ≠ pad), so a right-padded batch computes
+// each sequence as if it were alone. Every step is deterministic: the same bits for any thread
+// count.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "maskattn/multihead.h"
+#include "model/cross_entropy.h"
+#include "model/parameters.h"
+
+namespace maskattn::model {
+
+// Targets equal to this take no part in the loss (nanoGPT's ignore_index).
+inline constexpr int32_t kIgnoreTarget = -1;
+
+struct GptBatch {
+  const int32_t* tokens = nullptr;   // [batch, length], each in [0, vocab)
+  const int32_t* targets = nullptr;  // [batch, length], a token or kIgnoreTarget
+  int64_t batch = 0, length = 0;
+  int32_t pad = -1;  // a token id that is padding (its keys are hidden), or −1 for none
+};
+
+// What one block's forward keeps for its backward ([rows, width] each, rows = batch·length).
+struct GptBlockState {
+  std::vector<float> x_in, ln_1, ln_1_mean, ln_1_rstd;  // the block's input and ln_1(x_in)
+  LayerActivations attention;
+  std::vector<float> x_mid, ln_2, ln_2_mean, ln_2_rstd;  // x_in + attn(...), ln_2(x_mid)
+  std::vector<float> fc, act;                            // c_fc(ln_2) and gelu of it [rows, 4E]
+  std::vector<float> fc_t, proj_t;                       // c_fc and mlp.c_proj transposed
+};
+
+class Gpt {
+ public:
+  Gpt(GptParameters parameters, bool causal);
+
+  const GptParameters& parameters() const { return parameters_; }
+  bool causal() const { return causal_; }
+
+  // The loss of the batch under `params` (parameters().count() values); with `grads` (the same
+  // layout) also its gradient, written (not accumulated). Throws Error for tokens outside the
+  // vocabulary or a length beyond the context.
+  CrossEntropy loss_and_gradients(const float* params, const GptBatch& batch, float* grads,
+                                  int threads);
+
+  // The logits [batch·length, vocab] of the last forward pass.
+  const std::vector<float>& logits() const { return logits_; }
+
+ private:
+  Mask mask_for(const GptBatch& batch) const;
+  void forward(const float* params, const GptBatch& batch, int threads);
+  void backward(const float* params, const GptBatch& batch, float* grads, int threads);
+
+  GptParameters parameters_;
+  bool causal_;
+  // Buffers kept across calls (sized on first use): no per-step allocation of activations.
+  std::vector<GptBlockState> blocks_;
+  std::vector<MultiHeadAttention> attention_;
+  std::vector<float> residual_, ln_f_, ln_f_mean_, ln_f_rstd_, logits_, wte_t_;
+  std::vector<float> dx_, scratch_a_, scratch_b_, scratch_h_;
+  Mask mask_;
+};
+
+}  // namespace maskattn::model

@@ -1,0 +1,111 @@
+#include "model/parameters.h"
+
+#include <cmath>
+
+#include "maskattn/error.h"
+
+namespace maskattn::model {
+
+namespace {
+
+// Normal draws from splitmix64 and Box–Muller: the same values on every platform.
+class NormalDraws {
+ public:
+  explicit NormalDraws(uint64_t seed) : state_(seed) {}
+  double next() {
+    if (has_spare_) {
+      has_spare_ = false;
+      return spare_;
+    }
+    const double u1 = (static_cast<double>(bits() >> 11) + 0.5) * 0x1p-53;
+    const double u2 = static_cast<double>(bits() >> 11) * 0x1p-53;
+    const double radius = std::sqrt(-2.0 * std::log(u1));
+    spare_ = radius * std::sin(2.0 * M_PI * u2);
+    has_spare_ = true;
+    return radius * std::cos(2.0 * M_PI * u2);
+  }
+
+ private:
+  uint64_t bits() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  uint64_t state_;
+  double spare_ = 0;
+  bool has_spare_ = false;
+};
+
+}  // namespace
+
+void GptConfig::validate() const {
+  const auto positive = [](int64_t value, const char* name) {
+    if (value < 1) {
+      throw Error(std::string("gpt: ") + name + " = " + std::to_string(value) + " must be ≥ 1");
+    }
+  };
+  positive(vocab, "vocabulary size");
+  positive(context, "--context");
+  positive(layers, "--layers");
+  positive(d_model, "--d-model");
+  positive(heads, "--heads");
+  if (d_model % heads != 0) {
+    throw Error("gpt: --heads " + std::to_string(heads) + " does not divide --d-model " +
+                std::to_string(d_model) + " (each head gets d_model / heads dimensions)");
+  }
+}
+
+GptParameters::GptParameters(const GptConfig& config) : config_(config) {
+  config.validate();
+  const int64_t E = config.d_model, H4 = config.hidden();
+  wte_ = add("transformer.wte.weight", {config.vocab, E});
+  wpe_ = add("transformer.wpe.weight", {config.context, E});
+  for (int64_t l = 0; l < config.layers; ++l) {
+    const std::string prefix = "transformer.h." + std::to_string(l) + ".";
+    BlockOffsets block;
+    block.ln_1_weight = add(prefix + "ln_1.weight", {E});
+    block.ln_1_bias = add(prefix + "ln_1.bias", {E});
+    block.c_attn_weight = add(prefix + "attn.c_attn.weight", {3 * E, E});
+    block.c_attn_bias = add(prefix + "attn.c_attn.bias", {3 * E});
+    block.attn_proj_weight = add(prefix + "attn.c_proj.weight", {E, E});
+    block.attn_proj_bias = add(prefix + "attn.c_proj.bias", {E});
+    block.ln_2_weight = add(prefix + "ln_2.weight", {E});
+    block.ln_2_bias = add(prefix + "ln_2.bias", {E});
+    block.c_fc_weight = add(prefix + "mlp.c_fc.weight", {H4, E});
+    block.c_fc_bias = add(prefix + "mlp.c_fc.bias", {H4});
+    block.mlp_proj_weight = add(prefix + "mlp.c_proj.weight", {E, H4});
+    block.mlp_proj_bias = add(prefix + "mlp.c_proj.bias", {E});
+    blocks_.push_back(block);
+  }
+  ln_f_weight_ = add("transformer.ln_f.weight", {E});
+  ln_f_bias_ = add("transformer.ln_f.bias", {E});
+}
+
+int64_t GptParameters::add(std::string name, Dims shape) {
+  int64_t size = 1;
+  for (const int64_t n : shape) size *= n;
+  const bool decay = shape.size() == 2;
+  tensors_.push_back({std::move(name), std::move(shape), count_, size, decay});
+  count_ += size;
+  return count_ - size;
+}
+
+void GptParameters::initialise(float* values, uint64_t seed) const {
+  NormalDraws normal(seed);
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.layers));
+  for (const NamedTensor& tensor : tensors_) {
+    float* first = values + tensor.offset;
+    const bool layer_norm_weight = tensor.name.ends_with("ln_1.weight") ||
+                                   tensor.name.ends_with("ln_2.weight") ||
+                                   tensor.name.ends_with("ln_f.weight");
+    if (!tensor.decay) {
+      for (int64_t n = 0; n < tensor.size; ++n) first[n] = layer_norm_weight ? 1.0f : 0.0f;
+      continue;
+    }
+    const double std = tensor.name.ends_with("c_proj.weight") ? residual_std : 0.02;
+    for (int64_t n = 0; n < tensor.size; ++n) first[n] = static_cast<float>(std * normal.next());
+  }
+}
+
+}  // namespace maskattn::model
