@@ -3,6 +3,7 @@
 // effect on earlier positions, and the model's errors.
 #include <cmath>
 
+#include "model/generate.h"
 #include "model/gpt.h"
 #include "test_util.h"
 
@@ -146,6 +147,65 @@ TEST(Gpt, TheLookAheadMaskKeepsLaterTokensOutOfEarlierLogits) {
     for (int64_t n = 0; n < 4 * V; ++n) earlier_changed |= before[n] != after[n];
     EXPECT_EQ(earlier_changed, !causal) << (causal ? "causal" : "no mask");
   }
+}
+
+// The logits after the last token of `tokens`, recomputing the whole forward (no cache).
+std::vector<float> full_forward_logits(Gpt& gpt, const std::vector<float>& params,
+                                       const std::vector<int32_t>& tokens) {
+  const std::vector<int32_t> targets(tokens.size(), model::kIgnoreTarget);
+  const int64_t length = static_cast<int64_t>(tokens.size());
+  gpt.loss_and_gradients(params.data(), {tokens.data(), targets.data(), 1, length, -1}, nullptr, 1);
+  const int64_t V = gpt.parameters().config().vocab;
+  return {gpt.logits().end() - V, gpt.logits().end()};
+}
+
+TEST(GptDecoder, KvCacheGivesTheFullForwardsLogitsAndTokens) {
+  const GptParameters parameters(tiny_config());
+  Gpt gpt(parameters, true);
+  const std::vector<float> params = noisy_parameters(parameters, 11);
+  model::GptDecoder decoder(parameters, params.data(), 1);
+  std::vector<int32_t> text = {2, 7, 9};
+  std::vector<float> cached = decoder.feed(text);  // prefill
+  while (static_cast<int64_t>(text.size()) < parameters.config().context) {
+    const std::vector<float> full = full_forward_logits(gpt, params, text);
+    ASSERT_EQ(cached.size(), full.size());
+    for (size_t n = 0; n < full.size(); ++n) {
+      EXPECT_NEAR(cached[n], full[n], 1e-5 * (1 + std::fabs(full[n]))) << text.size();
+    }
+    const int32_t next = static_cast<int32_t>(std::max_element(full.begin(), full.end()) -
+                                              full.begin());  // greedy, all tokens
+    text.push_back(next);
+    cached = decoder.feed({next});
+  }
+  EXPECT_MASKATTN_ERROR(decoder.feed({1}), "passes the context of 6");
+}
+
+TEST(GptDecoder, GreedyGenerationEqualsRecomputingAndLongPromptsKeepTheirEnd) {
+  const GptParameters parameters(tiny_config());
+  Gpt gpt(parameters, true);
+  const std::vector<float> params = noisy_parameters(parameters, 13);
+  model::GptDecoder decoder(parameters, params.data(), 1);
+  model::GenerateOptions options;
+  options.temperature = 0;
+  options.tokens = 3;
+  const model::Generated generated = model::generate(decoder, {2, 8}, options);
+  std::vector<int32_t> text = {2, 8};
+  for (const int32_t token : generated.tokens) {
+    std::vector<float> full = full_forward_logits(gpt, params, text);
+    for (int32_t id = 0; id < 7; ++id) {
+      if (id != 3) full[id] = -INFINITY;  // special tokens other than <eos> are never sampled
+    }
+    EXPECT_EQ(token, std::max_element(full.begin(), full.end()) - full.begin());
+    text.push_back(token);
+  }
+  // A prompt of 9 tokens with a context of 6: its last 6 are kept, 3 dropped; generation goes on
+  // past the context by restarting the cache on the last half.
+  options.tokens = 10;
+  const model::Generated long_prompt =
+      model::generate(decoder, {7, 8, 9, 10, 7, 8, 9, 10, 7}, options);
+  EXPECT_EQ(long_prompt.prompt_dropped, 3);
+  EXPECT_LE(long_prompt.tokens.size(), 10u);
+  EXPECT_MASKATTN_ERROR(model::generate(decoder, {}, options), "gpt: the prompt is empty");
 }
 
 TEST(Gpt, BadSettingsAndBatchesAreClearErrors) {

@@ -9,43 +9,37 @@
 #include "maskattn/error.h"
 #include "model/gelu.h"
 #include "model/layer_norm.h"
+#include "model/linear.h"
 
 namespace maskattn::model {
 
 namespace {
-
-// out [cols, rows] = in [rows, cols] transposed.
-void transpose(const float* in, int64_t rows, int64_t cols, std::vector<float>& out) {
-  out.resize(rows * cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
-  }
-}
-
-// y [rows, out] = x [rows, in] · Wᵀ + b, given wt = Wᵀ [in, out].
-void linear_forward(const float* x, int64_t rows, int64_t in, const float* wt, const float* b,
-                    int64_t out, float* y, int threads) {
-  detail::matmul(x, in, 1, rows, in, wt, out, out, y, out, false, threads);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t n = 0; n < out; ++n) y[r * out + n] += b[n];
-  }
-}
-
-// For y = x·Wᵀ + b: dx = dy·W (overwritten), dW += dyᵀ·x, db += Σ_rows dy (in row order).
-void linear_backward(const float* x, const float* dy, int64_t rows, int64_t in, int64_t out,
-                     const float* w, float* dx, float* dw, float* db, int threads) {
-  detail::matmul(dy, out, 1, rows, out, w, in, in, dx, in, false, threads);
-  detail::matmul(dy, 1, out, out, rows, x, in, in, dw, in, true, threads);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t n = 0; n < out; ++n) db[n] += dy[r * out + n];
-  }
-}
 
 void add_into(float* into, const float* values, int64_t count) {
   for (int64_t n = 0; n < count; ++n) into[n] += values[n];
 }
 
 }  // namespace
+
+LayerWeights attention_weights(const GptParameters& parameters, const float* params,
+                               int64_t layer) {
+  const int64_t E = parameters.config().d_model;
+  const BlockOffsets& o = parameters.block(layer);
+  const float* c_attn = params + o.c_attn_weight;
+  const float* c_attn_bias = params + o.c_attn_bias;
+  const float* proj = params + o.attn_proj_weight;
+  const float* proj_bias = params + o.attn_proj_bias;
+  LayerWeights weights;
+  weights.q_weight = Array<float>({E, E}, {c_attn, c_attn + E * E});
+  weights.k_weight = Array<float>({E, E}, {c_attn + E * E, c_attn + 2 * E * E});
+  weights.v_weight = Array<float>({E, E}, {c_attn + 2 * E * E, c_attn + 3 * E * E});
+  weights.out_weight = Array<float>({E, E}, {proj, proj + E * E});
+  weights.q_bias = Array<float>({E}, {c_attn_bias, c_attn_bias + E});
+  weights.k_bias = Array<float>({E}, {c_attn_bias + E, c_attn_bias + 2 * E});
+  weights.v_bias = Array<float>({E}, {c_attn_bias + 2 * E, c_attn_bias + 3 * E});
+  weights.out_bias = Array<float>({E}, {proj_bias, proj_bias + E});
+  return weights;
+}
 
 Gpt::Gpt(GptParameters parameters, bool causal)
     : parameters_(std::move(parameters)), causal_(causal) {
@@ -123,21 +117,7 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
     layer_norm_forward(s.x_in.data(), rows, E, params + o.ln_1_weight, params + o.ln_1_bias,
                        config.ln_eps, s.ln_1.data(), s.ln_1_mean.data(), s.ln_1_rstd.data(),
                        threads);
-    // Attention: Q, K, V are c_attn's row blocks, the output projection is attn.c_proj.
-    LayerWeights weights;
-    const float* c_attn = params + o.c_attn_weight;
-    const float* c_attn_bias = params + o.c_attn_bias;
-    weights.q_weight = Array<float>({E, E}, {c_attn, c_attn + E * E});
-    weights.k_weight = Array<float>({E, E}, {c_attn + E * E, c_attn + 2 * E * E});
-    weights.v_weight = Array<float>({E, E}, {c_attn + 2 * E * E, c_attn + 3 * E * E});
-    weights.out_weight =
-        Array<float>({E, E}, {params + o.attn_proj_weight, params + o.attn_proj_weight + E * E});
-    weights.q_bias = Array<float>({E}, {c_attn_bias, c_attn_bias + E});
-    weights.k_bias = Array<float>({E}, {c_attn_bias + E, c_attn_bias + 2 * E});
-    weights.v_bias = Array<float>({E}, {c_attn_bias + 2 * E, c_attn_bias + 3 * E});
-    weights.out_bias =
-        Array<float>({E}, {params + o.attn_proj_bias, params + o.attn_proj_bias + E});
-    attention_.emplace_back(std::move(weights), config.heads);
+    attention_.emplace_back(attention_weights(parameters_, params, l), config.heads);
     const TensorView ln_1(s.ln_1.data(), {batch.batch, batch.length, E});
     s.x_mid.resize(rows * E);
     attention_.back().forward(ln_1, ln_1, ln_1,

@@ -40,6 +40,10 @@ struct GptBlockState {
   std::vector<float> fc_t, proj_t;                       // c_fc and mlp.c_proj transposed
 };
 
+// Layer `layer`'s attention weights from the flat parameters: Q, K, V are attn.c_attn's three row
+// blocks (and its bias's thirds), the output projection attn.c_proj.
+LayerWeights attention_weights(const GptParameters& parameters, const float* params, int64_t layer);
+
 class Gpt {
  public:
   Gpt(GptParameters parameters, bool causal);

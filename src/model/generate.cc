@@ -1,0 +1,157 @@
+#include "model/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "kernels/matmul.h"
+#include "maskattn/error.h"
+#include "maskattn/tokens.h"
+#include "model/char_vocabulary.h"
+#include "model/gelu.h"
+#include "model/gpt.h"
+#include "model/layer_norm.h"
+#include "model/linear.h"
+
+namespace maskattn::model {
+
+GptDecoder::GptDecoder(const GptParameters& parameters, const float* params, int threads)
+    : parameters_(parameters), params_(params), threads_(threads) {
+  const GptConfig& config = parameters.config();
+  for (int64_t l = 0; l < config.layers; ++l) {
+    MultiHeadAttention attention(attention_weights(parameters, params, l), config.heads);
+    KVCache cache = attention.make_cache(1, config.context);
+    Layer layer{std::move(attention), std::move(cache), {}, {}};
+    const BlockOffsets& o = parameters.block(l);
+    transpose(params + o.c_fc_weight, config.hidden(), config.d_model, layer.fc_t);
+    transpose(params + o.mlp_proj_weight, config.d_model, config.hidden(), layer.proj_t);
+    layers_.push_back(std::move(layer));
+  }
+  transpose(params + parameters.wte(), config.vocab, config.d_model, wte_t_);
+}
+
+void GptDecoder::restart() {
+  for (Layer& layer : layers_) layer.cache.clear();
+  position_ = 0;
+}
+
+const std::vector<float>& GptDecoder::feed(const std::vector<int32_t>& tokens) {
+  const GptConfig& config = parameters_.config();
+  const int64_t E = config.d_model, H4 = config.hidden(), T = static_cast<int64_t>(tokens.size());
+  if (T == 0) throw Error("gpt: nothing to feed the decoder (no tokens)");
+  if (position_ + T > config.context) {
+    throw Error("gpt: feeding " + std::to_string(T) + " tokens at position " +
+                std::to_string(position_) + " passes the context of " +
+                std::to_string(config.context));
+  }
+  x_.resize(T * E);
+  for (int64_t t = 0; t < T; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= config.vocab) {
+      throw Error("gpt: token " + std::to_string(tokens[t]) + " is outside the vocabulary");
+    }
+    const float* token = params_ + parameters_.wte() + tokens[t] * E;
+    const float* place = params_ + parameters_.wpe() + (position_ + t) * E;
+    for (int64_t n = 0; n < E; ++n) x_[t * E + n] = token[n] + place[n];
+  }
+  normed_.resize(T * E);
+  attended_.resize(T * E);
+  hidden_.resize(T * H4);
+  activated_.resize(T * H4);
+  mean_.resize(T);
+  rstd_.resize(T);
+  LayerOptions options;
+  options.attention.threads = threads_;
+  for (int64_t l = 0; l < config.layers; ++l) {
+    const BlockOffsets& o = parameters_.block(l);
+    Layer& layer = layers_[l];
+    layer_norm_forward(x_.data(), T, E, params_ + o.ln_1_weight, params_ + o.ln_1_bias,
+                       config.ln_eps, normed_.data(), mean_.data(), rstd_.data(), threads_);
+    layer.attention.forward_cached(TensorView(normed_.data(), {1, T, E}), layer.cache,
+                                   MutableTensorView(attended_.data(), {1, T, E}), {}, {}, options);
+    for (int64_t n = 0; n < T * E; ++n) x_[n] += attended_[n];
+    layer_norm_forward(x_.data(), T, E, params_ + o.ln_2_weight, params_ + o.ln_2_bias,
+                       config.ln_eps, normed_.data(), mean_.data(), rstd_.data(), threads_);
+    linear_forward(normed_.data(), T, E, layer.fc_t.data(), params_ + o.c_fc_bias, H4,
+                   hidden_.data(), threads_);
+    gelu_forward(hidden_.data(), T * H4, activated_.data(), threads_);
+    linear_forward(activated_.data(), T, H4, layer.proj_t.data(), params_ + o.mlp_proj_bias, E,
+                   attended_.data(), threads_);
+    for (int64_t n = 0; n < T * E; ++n) x_[n] += attended_[n];
+  }
+  // The last position only: ln_f, then the tied head.
+  layer_norm_forward(x_.data() + (T - 1) * E, 1, E, params_ + parameters_.ln_f_weight(),
+                     params_ + parameters_.ln_f_bias(), config.ln_eps, normed_.data(), mean_.data(),
+                     rstd_.data(), threads_);
+  logits_.resize(config.vocab);
+  detail::matmul(normed_.data(), E, 1, 1, E, wte_t_.data(), config.vocab, config.vocab,
+                 logits_.data(), config.vocab, false, threads_);
+  position_ += T;
+  return logits_;
+}
+
+namespace {
+
+// The next token from the logits: argmax for temperature 0, else a draw from softmax(z / T) over
+// the top k. Special tokens other than <eos> are excluded.
+int32_t sample(const std::vector<float>& logits, const GenerateOptions& options, uint64_t& state) {
+  std::vector<std::pair<double, int32_t>> candidates;
+  for (int32_t id = 0; id < static_cast<int32_t>(logits.size()); ++id) {
+    if (id < CharVocabulary::kSpecialTokens && id != kEosId) continue;
+    candidates.emplace_back(logits[id], id);
+  }
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  if (options.temperature <= 0) return candidates.front().second;
+  if (options.top_k > 0 && options.top_k < static_cast<int64_t>(candidates.size())) {
+    candidates.resize(options.top_k);
+  }
+  double total = 0;
+  for (auto& [weight, id] : candidates) {
+    weight = std::exp((weight - candidates.front().first) / options.temperature);
+    total += weight;
+  }
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  double target = static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1p-53 * total;
+  for (const auto& [weight, id] : candidates) {
+    if ((target -= weight) < 0) return id;
+  }
+  return candidates.back().second;
+}
+
+}  // namespace
+
+Generated generate(GptDecoder& decoder, const std::vector<int32_t>& prompt,
+                   const GenerateOptions& options) {
+  if (prompt.empty()) throw Error("gpt: the prompt is empty; give at least one character");
+  Generated result;
+  std::vector<int32_t> text = prompt;
+  decoder.restart();
+  uint64_t state = options.seed;
+  std::vector<float> logits;
+  const auto refill = [&](int64_t keep) {
+    decoder.restart();
+    const std::vector<int32_t> window(text.end() - keep, text.end());
+    logits = decoder.feed(window);
+  };
+  const int64_t limit = decoder.context();
+  if (static_cast<int64_t>(text.size()) > limit) {
+    result.prompt_dropped = static_cast<int64_t>(text.size()) - limit;
+  }
+  refill(std::min<int64_t>(limit, static_cast<int64_t>(text.size())));
+  for (int64_t n = 0; n < options.tokens; ++n) {
+    const int32_t next = sample(logits, options, state);
+    if (next == kEosId) break;
+    result.tokens.push_back(next);
+    text.push_back(next);
+    if (decoder.position() == limit) {
+      refill(std::max<int64_t>(limit / 2, 1));
+    } else {
+      logits = decoder.feed({next});
+    }
+  }
+  return result;
+}
+
+}  // namespace maskattn::model
