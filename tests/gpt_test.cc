@@ -3,8 +3,8 @@
 // effect on earlier positions, and the model's errors.
 #include <cmath>
 
-#include "model/generate.h"
-#include "model/gpt.h"
+#include "maskattn/model/generate.h"
+#include "maskattn/model/gpt.h"
 #include "test_util.h"
 
 namespace maskattn {

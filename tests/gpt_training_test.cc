@@ -3,8 +3,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "maskattn/model/trainer.h"
 #include "maskattn/npy.h"
-#include "model/trainer.h"
 #include "test_util.h"
 
 namespace maskattn {

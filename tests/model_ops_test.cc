@@ -4,10 +4,10 @@
 #include <cmath>
 #include <functional>
 
-#include "model/cross_entropy.h"
+#include "maskattn/model/cross_entropy.h"
+#include "maskattn/model/optimizer.h"
 #include "model/gelu.h"
 #include "model/layer_norm.h"
-#include "model/optimizer.h"
 #include "test_util.h"
 
 namespace maskattn {

@@ -1,4 +1,4 @@
-#include "model/char_vocabulary.h"
+#include "maskattn/model/char_vocabulary.h"
 
 #include <algorithm>
 #include <set>

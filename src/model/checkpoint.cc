@@ -16,8 +16,8 @@
 #include <sstream>
 
 #include "maskattn/error.h"
+#include "maskattn/model/trainer.h"
 #include "maskattn/npy.h"
-#include "model/trainer.h"
 
 namespace maskattn::model {
 

@@ -1,4 +1,4 @@
-#include "model/cross_entropy.h"
+#include "maskattn/model/cross_entropy.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "model/generate.h"
+#include "maskattn/model/generate.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,10 +6,10 @@
 
 #include "kernels/matmul.h"
 #include "maskattn/error.h"
+#include "maskattn/model/char_vocabulary.h"
+#include "maskattn/model/gpt.h"
 #include "maskattn/tokens.h"
-#include "model/char_vocabulary.h"
 #include "model/gelu.h"
-#include "model/gpt.h"
 #include "model/layer_norm.h"
 #include "model/linear.h"
 

@@ -1,4 +1,4 @@
-#include "model/gpt.h"
+#include "maskattn/model/gpt.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "model/optimizer.h"
+#include "maskattn/model/optimizer.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "model/parameters.h"
+#include "maskattn/model/parameters.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "model/text_data.h"
+#include "maskattn/model/text_data.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -6,8 +6,8 @@
 #include <sstream>
 
 #include "maskattn/error.h"
+#include "maskattn/model/gpt.h"
 #include "maskattn/tokens.h"
-#include "model/gpt.h"
 
 namespace maskattn::model {
 

@@ -1,4 +1,4 @@
-#include "model/trainer.h"
+#include "maskattn/model/trainer.h"
 
 #include <utility>
 

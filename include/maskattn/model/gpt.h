@@ -15,9 +15,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "maskattn/model/cross_entropy.h"
+#include "maskattn/model/parameters.h"
 #include "maskattn/multihead.h"
-#include "model/cross_entropy.h"
-#include "model/parameters.h"
 
 namespace maskattn::model {
 

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "model/char_vocabulary.h"
-#include "model/gpt.h"
-#include "model/optimizer.h"
-#include "model/text_data.h"
+#include "maskattn/model/char_vocabulary.h"
+#include "maskattn/model/gpt.h"
+#include "maskattn/model/optimizer.h"
+#include "maskattn/model/text_data.h"
 
 namespace maskattn::model {
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "maskattn/kv_cache.h"
+#include "maskattn/model/parameters.h"
 #include "maskattn/multihead.h"
-#include "model/parameters.h"
 
 namespace maskattn::model {
 

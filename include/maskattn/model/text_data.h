@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "model/char_vocabulary.h"
+#include "maskattn/model/char_vocabulary.h"
 
 namespace maskattn::model {
 
