@@ -9,6 +9,7 @@
 //   config.txt                   "key value" lines: the model, the training options, the step
 //                                and the batch sampler's state (doubles to 17 digits: exact)
 // Loading checks every tensor's presence and shape against config.txt and names what is wrong.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -96,57 +97,115 @@ void Trainer::save(const std::string& directory) const {
   if (!config) throw Error("gpt: cannot write " + path_in(directory, "config.txt"));
 }
 
-Trainer Trainer::resume(const std::string& directory, const std::vector<int32_t>& tokens,
-                        int threads) {
-  const std::map<std::string, std::string> config = read_config(directory);
-  const auto value = [&](const char* key) {
-    const auto found = config.find(key);
-    if (found == config.end()) {
-      throw Error("gpt: checkpoint " + directory + "/config.txt has no '" + key + "' line");
-    }
-    return found->second;
-  };
+namespace {
+
+const std::string& config_value(const std::string& directory,
+                                const std::map<std::string, std::string>& config, const char* key) {
+  const auto found = config.find(key);
+  if (found == config.end()) {
+    throw Error("gpt: checkpoint " + directory + "/config.txt has no '" + key + "' line");
+  }
+  return found->second;
+}
+
+// The options config.txt records (threads are the caller's).
+TrainOptions read_options(const std::string& directory,
+                          const std::map<std::string, std::string>& config) {
+  const auto value = [&](const char* key) { return config_value(directory, config, key); };
   TrainOptions options;
-  options.model.context = std::stoll(value("context"));
-  options.model.layers = std::stoll(value("layers"));
-  options.model.d_model = std::stoll(value("d_model"));
-  options.model.heads = std::stoll(value("heads"));
-  options.model.ln_eps = std::stof(value("ln_eps"));
-  options.causal = value("causal") == "1";
-  options.padded_lines = value("padded_lines") == "1";
-  options.batch = std::stoll(value("batch"));
-  options.steps = std::stoll(value("steps"));
-  options.warmup = std::stoll(value("warmup"));
-  options.lr = std::stod(value("lr"));
-  options.min_lr = std::stod(value("min_lr"));
-  options.weight_decay = std::stod(value("weight_decay"));
-  options.clip = std::stod(value("clip"));
-  options.seed = std::stoull(value("seed"));
-  options.threads = threads;
-  const NpyArray characters = read_npy(path_in(directory, "vocabulary.npy"));
+  try {
+    options.model.vocab = std::stoll(value("vocab"));
+    options.model.context = std::stoll(value("context"));
+    options.model.layers = std::stoll(value("layers"));
+    options.model.d_model = std::stoll(value("d_model"));
+    options.model.heads = std::stoll(value("heads"));
+    options.model.ln_eps = std::stof(value("ln_eps"));
+    options.causal = value("causal") == "1";
+    options.padded_lines = value("padded_lines") == "1";
+    options.batch = std::stoll(value("batch"));
+    options.steps = std::stoll(value("steps"));
+    options.warmup = std::stoll(value("warmup"));
+    options.lr = std::stod(value("lr"));
+    options.min_lr = std::stod(value("min_lr"));
+    options.weight_decay = std::stod(value("weight_decay"));
+    options.clip = std::stod(value("clip"));
+    options.seed = std::stoull(value("seed"));
+  } catch (const std::logic_error&) {  // stoll and friends on text that is not a number
+    throw Error("gpt: checkpoint " + directory + "/config.txt holds a value that is not a number");
+  }
+  return options;
+}
+
+CharVocabulary read_vocabulary(const std::string& directory) {
+  const std::string path = path_in(directory, "vocabulary.npy");
+  if (!std::filesystem::exists(path)) {
+    throw Error("gpt: checkpoint " + directory + " has no vocabulary.npy");
+  }
+  const NpyArray characters = read_npy(path);
+  if (characters.rank() != 2 || characters.shape()[1] != 5) {
+    throw Error("gpt: checkpoint vocabulary.npy has shape " + shape_string(characters.shape()) +
+                "; expected [characters, 5]");
+  }
   const std::vector<int64_t> packed = characters.to_int64("vocabulary.npy");
   std::vector<std::string> vocabulary;
   for (size_t at = 0; at + 5 <= packed.size(); at += 5) {
     std::string character;
-    for (int64_t n = 0; n < std::min<int64_t>(packed[at], 4); ++n) {
+    for (int64_t n = 0; n < std::clamp<int64_t>(packed[at], 0, 4); ++n) {
       character += static_cast<char>(packed[at + 1 + n]);
     }
     vocabulary.push_back(character);
   }
-  Trainer trainer(CharVocabulary(std::move(vocabulary)), tokens, options, false);
-  if (trainer.options_.model.vocab != std::stoll(value("vocab"))) {
-    throw Error("gpt: checkpoint " + directory + " has a vocabulary of " + value("vocab") +
-                " tokens but vocabulary.npy gives " + std::to_string(trainer.options_.model.vocab));
+  return CharVocabulary(std::move(vocabulary));
+}
+
+void read_parameters(const std::string& directory, const GptParameters& parameters,
+                     std::vector<float>& values) {
+  values.assign(parameters.count(), 0.0f);
+  for (const NamedTensor& tensor : parameters.tensors()) {
+    const std::vector<float> read = read_floats(directory, tensor.name, tensor.shape);
+    std::copy(read.begin(), read.end(), values.begin() + tensor.offset);
   }
-  for (const NamedTensor& tensor : trainer.gpt_.parameters().tensors()) {
-    const std::vector<float> values = read_floats(directory, tensor.name, tensor.shape);
-    std::copy(values.begin(), values.end(), trainer.params_.begin() + tensor.offset);
+}
+
+void check_vocabulary(const std::string& directory, const TrainOptions& options,
+                      const CharVocabulary& vocabulary) {
+  if (vocabulary.size() != options.model.vocab) {
+    throw Error("gpt: checkpoint " + directory + " has a vocabulary of " +
+                std::to_string(options.model.vocab) + " tokens but vocabulary.npy gives " +
+                std::to_string(vocabulary.size()));
   }
+}
+
+}  // namespace
+
+LoadedModel load_model(const std::string& directory) {
+  const std::map<std::string, std::string> config = read_config(directory);
+  const TrainOptions options = read_options(directory, config);
+  CharVocabulary vocabulary = read_vocabulary(directory);
+  check_vocabulary(directory, options, vocabulary);
+  LoadedModel model{std::move(vocabulary),
+                    GptParameters(options.model),
+                    {},
+                    options.causal,
+                    std::stoll(config_value(directory, config, "step"))};
+  read_parameters(directory, model.parameters, model.values);
+  return model;
+}
+
+Trainer Trainer::resume(const std::string& directory, const std::vector<int32_t>& tokens,
+                        int threads) {
+  const std::map<std::string, std::string> config = read_config(directory);
+  TrainOptions options = read_options(directory, config);
+  options.threads = threads;
+  CharVocabulary vocabulary = read_vocabulary(directory);
+  check_vocabulary(directory, options, vocabulary);
+  Trainer trainer(std::move(vocabulary), tokens, options, false);
+  read_parameters(directory, trainer.gpt_.parameters(), trainer.params_);
   const auto count = static_cast<int64_t>(trainer.params_.size());
   trainer.exp_avg_ = read_floats(directory, "optimizer.exp_avg", {count});
   trainer.exp_avg_sq_ = read_floats(directory, "optimizer.exp_avg_sq", {count});
-  trainer.step_ = std::stoll(value("step"));
-  trainer.sampler_.set_state(std::stoull(value("sampler_state")));
+  trainer.step_ = std::stoll(config_value(directory, config, "step"));
+  trainer.sampler_.set_state(std::stoull(config_value(directory, config, "sampler_state")));
   return trainer;
 }
 

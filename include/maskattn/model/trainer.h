@@ -34,6 +34,17 @@ struct TrainOptions {
   int threads = 0;  // 0: OpenMP's default
 };
 
+// A trained model read from a checkpoint directory (what generation needs: no optimiser state,
+// no text). Throws Error naming a missing or mis-shaped tensor.
+struct LoadedModel {
+  CharVocabulary vocabulary;
+  GptParameters parameters;
+  std::vector<float> values;
+  bool causal = true;  // the mask it was trained with
+  int64_t steps = 0;   // optimiser steps taken
+};
+LoadedModel load_model(const std::string& directory);
+
 class Trainer {
  public:
   // A new model, initialised from options.seed, on the 90 % / 10 % split of `tokens`.
