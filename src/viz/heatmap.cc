@@ -10,9 +10,13 @@
 
 #include "maskattn/error.h"
 #include "maskattn/memory.h"
+#include "viz/raster.h"
 #include "viz/stb.h"
 
 namespace maskattn {
+
+using detail::draw_text;
+using detail::text_width;
 
 namespace {
 
@@ -28,11 +32,6 @@ std::string cut(std::string label) {
     if (static_cast<unsigned char>(c) < 32 || static_cast<unsigned char>(c) > 126) c = '?';
   }
   return label;
-}
-
-int text_width(const std::string& text) {
-  std::string copy = text;
-  return stb_easy_font_width(copy.data());
 }
 
 std::string row_label(const HeatmapLabels& labels, int64_t i) {
@@ -62,33 +61,6 @@ void check(const std::vector<HeatmapPanel>& panels) {
       throw Error("heatmap: panel '" + p.title + "' of " + std::to_string(p.rows) + "x" +
                   std::to_string(p.cols) + " cells has " + std::to_string(p.allowed.size()) +
                   " allowed flags and " + std::to_string(p.weights.size()) + " weights");
-    }
-  }
-}
-
-// Draws stb_easy_font text into the image; `vertical` turns it to read bottom-up from (x, y).
-void draw_text(std::vector<uint8_t>& rgb, int width, int height, int x, int y,
-               const std::string& text, Rgb colour, bool vertical = false) {
-  std::string copy = text;
-  static thread_local std::vector<char> vertices(64 * 1024);
-  const int quads = stb_easy_font_print(0, 0, copy.data(), nullptr, vertices.data(),
-                                        static_cast<int>(vertices.size()));
-  for (int q = 0; q < quads; ++q) {
-    const auto* v = reinterpret_cast<const float*>(vertices.data() + q * 64);  // 4 × 16 bytes
-    const float qx0 = v[0], qy0 = v[1], qx1 = v[8], qy1 = v[9];                // corners 0 and 2
-    int x0, x1, y0, y1;
-    if (!vertical) {
-      x0 = x + static_cast<int>(qx0), x1 = x + static_cast<int>(qx1);
-      y0 = y + static_cast<int>(qy0), y1 = y + static_cast<int>(qy1);
-    } else {
-      x0 = x + static_cast<int>(qy0), x1 = x + static_cast<int>(qy1);
-      y0 = y - static_cast<int>(qx1), y1 = y - static_cast<int>(qx0);
-    }
-    for (int py = std::max(y0, 0); py < std::min(y1, height); ++py) {
-      for (int px = std::max(x0, 0); px < std::min(x1, width); ++px) {
-        uint8_t* pixel = rgb.data() + (static_cast<size_t>(py) * width + px) * 3;
-        pixel[0] = colour.r, pixel[1] = colour.g, pixel[2] = colour.b;
-      }
     }
   }
 }

@@ -30,6 +30,7 @@ Command add_mask_command(CLI::App& app);
 Command add_layout_command(CLI::App& app);
 Command add_audit_command(CLI::App& app);
 Command add_mha_command(CLI::App& app);
+Command add_gpt_command(CLI::App& app);
 Command add_demo_command(CLI::App& app);
 Command add_info_command(CLI::App& app);
 
@@ -123,6 +124,29 @@ struct LayoutArgs {
   std::string out;
 };
 int run_layout(const LayoutArgs& args);
+
+// maskattn gpt train|generate|ablate: a small character-level GPT on maskattn (docs/gpt.md).
+struct GptArgs {
+  std::string action;              // train, generate or ablate: the subcommand given
+  std::vector<std::string> texts;  // training text files; none: Debian's licence texts
+  std::string out;                 // train: the checkpoint directory; ablate: its outputs
+  std::string mask = "causal";     // train: causal or none
+  int64_t layers = 4, d_model = 128, heads = 4, context = 64, batch = 16, steps = 600;
+  double lr = 2e-3;
+  uint64_t seed = 1;
+  int threads = 0;
+  bool padded = false;     // train on padded <bos> line <eos> batches
+  bool resume = false;     // train: continue the checkpoint in --out
+  int64_t eval_every = 0;  // 0: steps / 10
+  std::string model;       // generate: the checkpoint directory
+  std::string prompt;      // generate
+  int64_t tokens = 200;    // generate: new tokens
+  double temperature = 0.8;
+  int64_t top_k = 0;
+};
+int run_gpt_train(const GptArgs& args);
+int run_gpt_generate(const GptArgs& args);
+int run_gpt_ablate(const GptArgs& args);
 
 // Writes its heatmaps into `heatmap_directory` (created if needed; empty = none).
 int run_demo(const std::string& heatmap_directory);

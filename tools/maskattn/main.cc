@@ -53,11 +53,12 @@ int main(int argc, char** argv) {
                                          add_gradcheck_command(app), add_example_command(app),
                                          add_mask_command(app),      add_layout_command(app),
                                          add_audit_command(app),     add_mha_command(app),
+                                         add_gpt_command(app),
                                          add_demo_command(app),      add_info_command(app)};
   if (is_unknown_command(app, argc, argv)) {
     return fail(
         std::string("unknown command '") + argv[1] +
-            "' (commands: attend, grad, gradcheck, audit, example, mask, layout, mha, demo, info; "
+            "' (commands: attend, grad, gradcheck, audit, example, mask, layout, mha, gpt, demo, info; "
             "see maskattn --help)",
         2);
   }

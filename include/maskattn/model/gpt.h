@@ -59,6 +59,10 @@ class Gpt {
 
   // The logits [batch·length, vocab] of the last forward pass.
   const std::vector<float>& logits() const { return logits_; }
+  // What block `layer` kept in the last forward pass (its attention's Q, K, V among it).
+  const GptBlockState& block_state(int64_t layer) const { return blocks_[layer]; }
+  // The attention mask of the last forward pass.
+  const Mask& last_mask() const { return mask_; }
 
  private:
   Mask mask_for(const GptBatch& batch) const;
