@@ -49,18 +49,17 @@ int main(int argc, char** argv) {
   CLI::App app{"maskattn: masked scaled-dot-product attention, exact and explained"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "maskattn 0.1.0");
-  const std::vector<Command> commands = {add_attend_command(app),    add_grad_command(app),
-                                         add_gradcheck_command(app), add_example_command(app),
-                                         add_mask_command(app),      add_layout_command(app),
-                                         add_audit_command(app),     add_mha_command(app),
-                                         add_gpt_command(app),
-                                         add_demo_command(app),      add_info_command(app)};
+  const std::vector<Command> commands = {
+      add_attend_command(app),  add_grad_command(app), add_gradcheck_command(app),
+      add_example_command(app), add_mask_command(app), add_layout_command(app),
+      add_audit_command(app),   add_mha_command(app),  add_gpt_command(app),
+      add_demo_command(app),    add_info_command(app)};
   if (is_unknown_command(app, argc, argv)) {
-    return fail(
-        std::string("unknown command '") + argv[1] +
-            "' (commands: attend, grad, gradcheck, audit, example, mask, layout, mha, gpt, demo, info; "
-            "see maskattn --help)",
-        2);
+    return fail(std::string("unknown command '") + argv[1] +
+                    "' (commands: attend, grad, gradcheck, audit, example, mask, layout, mha, gpt, "
+                    "demo, info; "
+                    "see maskattn --help)",
+                2);
   }
   try {
     app.parse(argc, argv);
