@@ -39,6 +39,14 @@ Trainer::Trainer(CharVocabulary vocabulary, const std::vector<int32_t>& tokens,
       gpt_(parameters_for(vocabulary_, options_), options_.causal),
       sampler_(&splits_.train, options_.model.context, options_.padded_lines,
                newline_id(vocabulary_), options_.seed) {
+  // Both splits must hold a batch, so that a run fails now rather than at its first evaluation.
+  std::vector<int32_t> tokens_drawn, targets_drawn;
+  BatchSampler(&splits_.train, options_.model.context, options_.padded_lines,
+               newline_id(vocabulary_), 0)
+      .draw(1, tokens_drawn, targets_drawn);
+  BatchSampler(&splits_.validation, options_.model.context, options_.padded_lines,
+               newline_id(vocabulary_), 0)
+      .draw(1, tokens_drawn, targets_drawn);
   const int64_t count = gpt_.parameters().count();
   params_.assign(count, 0.0f);
   grads_.assign(count, 0.0f);
