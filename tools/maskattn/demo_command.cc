@@ -387,6 +387,13 @@ int run_demo(const std::string& heatmap_directory) {
   }
   const bool cache_ok = run_layer_and_cache(vocabulary, prompts);
   if (!heatmap_directory.empty()) write_demo_heatmaps(heatmap_directory, vocabulary, right);
+  fmt::print(
+      "\n=== Next: why the look-ahead mask exists ===\n\n"
+      "The layer above is untrained. `maskattn gpt ablate` trains a small character-level GPT "
+      "on this\nsystem's licence texts twice, with the causal mask and with none, and compares "
+      "them: without\nthe mask the model learns to copy the next character it can see, its "
+      "training loss collapses,\nand it fails at generation (about 75 s on two cores; "
+      "docs/gpt.md).\n");
   return batch_ok && cache_ok ? 0 : 1;
 }
 
