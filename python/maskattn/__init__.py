@@ -10,7 +10,7 @@ PyTorch drop-ins with autograd: ``maskattn.torch``; the Hugging Face attention b
 ``maskattn.transformers``. docs/python.md is the guide.
 """
 
-from ._core import Error, Mask, ScoreMods, UNBOUNDED
+from ._core import Error, Mask, ScoreMods, UNBOUNDED, gpt_loss_and_gradients
 from ._api import (
     allowed_pairs,
     attention,
@@ -77,5 +77,6 @@ __all__ = [
     "bigbird_layout",
     "strided_layout",
     "fixed_layout",
+    "gpt_loss_and_gradients",
 ]
 __all__ += _tools.__all__

@@ -17,5 +17,6 @@ void bind_layouts(nb::module_& m);               // bigbird/strided/fixed layout
 void bind_attention(nb::module_& m);             // attention, backward, merge (bind_attention.cc)
 void bind_inspection(nb::module_& m);            // allowed_pairs, block_map, weights, scores
 void bind_tools(nb::module_& m);                 // audit, health, heatmaps, tokens (bind_tools.cc)
+void bind_gpt(nb::module_& m);                   // the GPT model's loss and gradients (bind_gpt.cc)
 
 }  // namespace maskattn::python

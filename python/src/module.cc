@@ -16,4 +16,5 @@ NB_MODULE(_core, m) {
   maskattn::python::bind_attention(m);
   maskattn::python::bind_inspection(m);
   maskattn::python::bind_tools(m);
+  maskattn::python::bind_gpt(m);
 }
