@@ -1,6 +1,7 @@
 #include "maskattn/model/gpt.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -46,6 +47,13 @@ Gpt::Gpt(GptParameters parameters, bool causal)
   blocks_.resize(parameters_.config().layers);
 }
 
+void Gpt::charge(double GptTimings::*part) {
+  if (timings_ == nullptr) return;
+  const auto now = std::chrono::steady_clock::now();
+  timings_->*part += std::chrono::duration<double>(now - mark_).count();
+  mark_ = now;
+}
+
 Mask Gpt::mask_for(const GptBatch& batch) const {
   Mask mask;
   if (causal_) mask.causal();
@@ -78,6 +86,7 @@ CrossEntropy Gpt::loss_and_gradients(const float* params, const GptBatch& batch,
                   " is outside the vocabulary and not the ignore value -1");
     }
   }
+  if (timings_ != nullptr) mark_ = std::chrono::steady_clock::now();
   mask_ = mask_for(batch);
   forward(params, batch, threads);
   const int64_t rows = batch.batch * batch.length;
@@ -88,6 +97,7 @@ CrossEntropy Gpt::loss_and_gradients(const float* params, const GptBatch& batch,
   // dlogits overwrite the logits: the backward needs only them.
   const CrossEntropy loss = cross_entropy(logits_.data(), batch.targets, rows, config.vocab,
                                           kIgnoreTarget, logits_.data(), threads);
+  charge(&GptTimings::embedding_head_loss);
   backward(params, batch, grads, threads);
   return loss;
 }
@@ -104,6 +114,7 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
     const float* position = wpe + (r % batch.length) * E;
     for (int64_t n = 0; n < E; ++n) residual_[r * E + n] = token[n] + position[n];
   }
+  charge(&GptTimings::embedding_head_loss);
   LayerOptions layer_options;
   layer_options.attention.threads = threads;
   attention_.clear();
@@ -117,6 +128,7 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
     layer_norm_forward(s.x_in.data(), rows, E, params + o.ln_1_weight, params + o.ln_1_bias,
                        config.ln_eps, s.ln_1.data(), s.ln_1_mean.data(), s.ln_1_rstd.data(),
                        threads);
+    charge(&GptTimings::layer_norm);
     attention_.emplace_back(attention_weights(parameters_, params, l), config.heads);
     const TensorView ln_1(s.ln_1.data(), {batch.batch, batch.length, E});
     s.x_mid.resize(rows * E);
@@ -124,6 +136,7 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
                               MutableTensorView(s.x_mid.data(), {batch.batch, batch.length, E}),
                               mask_, {}, layer_options, &s.attention);
     add_into(s.x_mid.data(), s.x_in.data(), rows * E);
+    charge(&GptTimings::attention);
     // MLP.
     s.ln_2.resize(rows * E);
     s.ln_2_mean.resize(rows);
@@ -131,6 +144,7 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
     layer_norm_forward(s.x_mid.data(), rows, E, params + o.ln_2_weight, params + o.ln_2_bias,
                        config.ln_eps, s.ln_2.data(), s.ln_2_mean.data(), s.ln_2_rstd.data(),
                        threads);
+    charge(&GptTimings::layer_norm);
     transpose(params + o.c_fc_weight, H4, E, s.fc_t);
     transpose(params + o.mlp_proj_weight, E, H4, s.proj_t);
     s.fc.resize(rows * H4);
@@ -141,6 +155,7 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
     linear_forward(s.act.data(), rows, H4, s.proj_t.data(), params + o.mlp_proj_bias, E,
                    residual_.data(), threads);
     add_into(residual_.data(), s.x_mid.data(), rows * E);
+    charge(&GptTimings::mlp);
   }
   ln_f_.resize(rows * E);
   ln_f_mean_.resize(rows);
@@ -149,9 +164,11 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
                      params + parameters_.ln_f_bias(), config.ln_eps, ln_f_.data(),
                      ln_f_mean_.data(), ln_f_rstd_.data(), threads);
   transpose(wte, V, E, wte_t_);
+  charge(&GptTimings::layer_norm);
   logits_.resize(rows * V);
   detail::matmul(ln_f_.data(), E, 1, rows, E, wte_t_.data(), V, V, logits_.data(), V, false,
                  threads);
+  charge(&GptTimings::embedding_head_loss);
 }
 
 void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int threads) {
@@ -166,11 +183,13 @@ void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int
   scratch_a_.resize(rows * E);
   detail::matmul(dlogits, V, 1, rows, V, wte, E, E, scratch_a_.data(), E, false, threads);
   detail::matmul(dlogits, 1, V, V, rows, ln_f_.data(), E, E, dwte, E, true, threads);
+  charge(&GptTimings::embedding_head_loss);
   dx_.resize(rows * E);
   layer_norm_backward(residual_.data(), scratch_a_.data(), rows, E,
                       params + parameters_.ln_f_weight(), ln_f_mean_.data(), ln_f_rstd_.data(),
                       dx_.data(), grads + parameters_.ln_f_weight(),
                       grads + parameters_.ln_f_bias(), threads);
+  charge(&GptTimings::layer_norm);
   LayerOptions layer_options;
   layer_options.attention.threads = threads;
   scratch_b_.resize(rows * E);
@@ -184,10 +203,12 @@ void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int
     gelu_backward(s.fc.data(), scratch_h_.data(), rows * H4, scratch_h_.data(), threads);
     linear_backward(s.ln_2.data(), scratch_h_.data(), rows, E, H4, params + o.c_fc_weight,
                     scratch_a_.data(), grads + o.c_fc_weight, grads + o.c_fc_bias, threads);
+    charge(&GptTimings::mlp);
     layer_norm_backward(s.x_mid.data(), scratch_a_.data(), rows, E, params + o.ln_2_weight,
                         s.ln_2_mean.data(), s.ln_2_rstd.data(), scratch_b_.data(),
                         grads + o.ln_2_weight, grads + o.ln_2_bias, threads);
     add_into(dx_.data(), scratch_b_.data(), rows * E);  // now ∂L/∂x_mid
+    charge(&GptTimings::layer_norm);
     // x_mid = x_in + attn(ln_1(x_in)).
     const LayerGradients attention =
         attention_[l].backward(s.attention, TensorView(dx_.data(), {batch.batch, batch.length, E}),
@@ -207,10 +228,12 @@ void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int
     std::copy(dw.k_bias.data(), dw.k_bias.data() + E, dc_attn_bias + E);
     std::copy(dw.v_bias.data(), dw.v_bias.data() + E, dc_attn_bias + 2 * E);
     std::copy(dw.out_bias.data(), dw.out_bias.data() + E, grads + o.attn_proj_bias);
+    charge(&GptTimings::attention);
     layer_norm_backward(s.x_in.data(), scratch_a_.data(), rows, E, params + o.ln_1_weight,
                         s.ln_1_mean.data(), s.ln_1_rstd.data(), scratch_b_.data(),
                         grads + o.ln_1_weight, grads + o.ln_1_bias, threads);
     add_into(dx_.data(), scratch_b_.data(), rows * E);  // now ∂L/∂x_in
+    charge(&GptTimings::layer_norm);
   }
   // The embeddings, in row order.
   float* dwpe = grads + parameters_.wpe();
@@ -218,6 +241,7 @@ void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int
     add_into(dwte + batch.tokens[r] * E, dx_.data() + r * E, E);
     add_into(dwpe + (r % batch.length) * E, dx_.data() + r * E, E);
   }
+  charge(&GptTimings::embedding_head_loss);
 }
 
 }  // namespace maskattn::model

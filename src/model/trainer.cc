@@ -1,5 +1,6 @@
 #include "maskattn/model/trainer.h"
 
+#include <chrono>
 #include <utility>
 
 #include "maskattn/error.h"
@@ -56,11 +57,15 @@ Trainer::Trainer(CharVocabulary vocabulary, const std::vector<int32_t>& tokens,
 }
 
 double Trainer::step() {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
   const int64_t length = sampler_.draw(options_.batch, batch_tokens_, batch_targets_);
+  const auto drawn = Clock::now();
   const GptBatch batch{batch_tokens_.data(), batch_targets_.data(), options_.batch, length,
                        options_.padded_lines ? static_cast<int32_t>(0) : -1};
   const CrossEntropy loss =
       gpt_.loss_and_gradients(params_.data(), batch, grads_.data(), options_.threads);
+  const auto computed = Clock::now();
   // Clip by the global norm, then one AdamW step per tensor (decay on rank-2 tensors only).
   std::vector<float*> tensors;
   std::vector<int64_t> sizes;
@@ -81,6 +86,10 @@ double Trainer::step() {
                exp_avg_.data() + at, exp_avg_sq_.data() + at, tensor.size, options_.threads);
   }
   ++step_;
+  if (timings_ != nullptr) {
+    timings_->batches += std::chrono::duration<double>(drawn - start).count();
+    timings_->optimizer += std::chrono::duration<double>(Clock::now() - computed).count();
+  }
   return loss.loss;
 }
 

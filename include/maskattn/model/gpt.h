@@ -12,6 +12,7 @@
 // count.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -44,6 +45,15 @@ struct GptBlockState {
 // blocks (and its bias's thirds), the output projection attn.c_proj.
 LayerWeights attention_weights(const GptParameters& parameters, const float* params, int64_t layer);
 
+// Where a step's time goes, in seconds, summed over calls while enabled (benchmarks): the
+// attention layers (their Q/K/V and output projections included), the MLPs, the LayerNorms, the
+// embeddings with the tied head and the loss, forward and backward together; the Trainer adds
+// the optimiser (clipping and AdamW) and drawing the batches.
+struct GptTimings {
+  double attention = 0, mlp = 0, layer_norm = 0, embedding_head_loss = 0;
+  double optimizer = 0, batches = 0;
+};
+
 class Gpt {
  public:
   Gpt(GptParameters parameters, bool causal);
@@ -57,6 +67,9 @@ class Gpt {
   CrossEntropy loss_and_gradients(const float* params, const GptBatch& batch, float* grads,
                                   int threads);
 
+  // Timings of the following calls, added into `timings` (null: none, the default).
+  void time_into(GptTimings* timings) { timings_ = timings; }
+
   // The logits [batch·length, vocab] of the last forward pass.
   const std::vector<float>& logits() const { return logits_; }
   // What block `layer` kept in the last forward pass (its attention's Q, K, V among it).
@@ -66,6 +79,8 @@ class Gpt {
 
  private:
   Mask mask_for(const GptBatch& batch) const;
+  // Adds the time since the last mark to `part` of the timings (when timing), and marks now.
+  void charge(double GptTimings::*part);
   void forward(const float* params, const GptBatch& batch, int threads);
   void backward(const float* params, const GptBatch& batch, float* grads, int threads);
 
@@ -77,6 +92,8 @@ class Gpt {
   std::vector<float> residual_, ln_f_, ln_f_mean_, ln_f_rstd_, logits_, wte_t_;
   std::vector<float> dx_, scratch_a_, scratch_b_, scratch_h_;
   Mask mask_;
+  GptTimings* timings_ = nullptr;
+  std::chrono::steady_clock::time_point mark_;
 };
 
 }  // namespace maskattn::model

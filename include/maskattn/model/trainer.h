@@ -62,6 +62,12 @@ class Trainer {
 
   void save(const std::string& directory) const;
 
+  // Adds where the following steps' time goes into `timings` (null: stop).
+  void time_into(GptTimings* timings) {
+    timings_ = timings;
+    gpt_.time_into(timings);
+  }
+
   int64_t steps_done() const { return step_; }
   const TrainOptions& options() const { return options_; }
   const CharVocabulary& vocabulary() const { return vocabulary_; }
@@ -82,6 +88,7 @@ class Trainer {
   std::vector<int32_t> batch_tokens_, batch_targets_;
   int64_t step_ = 0;
   double last_lr_ = 0;
+  GptTimings* timings_ = nullptr;
 };
 
 }  // namespace maskattn::model
