@@ -115,6 +115,17 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
     for (int64_t n = 0; n < E; ++n) residual_[r * E + n] = token[n] + position[n];
   }
   charge(&GptTimings::embedding_head_loss);
+  // y = LayerNorm(x) with the weight and bias at these offsets, its statistics kept.
+  const auto layer_norm = [&](const std::vector<float>& x, int64_t weight, int64_t bias,
+                              std::vector<float>& y, std::vector<float>& mean,
+                              std::vector<float>& rstd) {
+    y.resize(rows * E);
+    mean.resize(rows);
+    rstd.resize(rows);
+    layer_norm_forward(x.data(), rows, E, params + weight, params + bias, config.ln_eps, y.data(),
+                       mean.data(), rstd.data(), threads);
+    charge(&GptTimings::layer_norm);
+  };
   LayerOptions layer_options;
   layer_options.attention.threads = threads;
   attention_.clear();
@@ -122,13 +133,7 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
     const BlockOffsets& o = parameters_.block(l);
     GptBlockState& s = blocks_[l];
     s.x_in = residual_;
-    s.ln_1.resize(rows * E);
-    s.ln_1_mean.resize(rows);
-    s.ln_1_rstd.resize(rows);
-    layer_norm_forward(s.x_in.data(), rows, E, params + o.ln_1_weight, params + o.ln_1_bias,
-                       config.ln_eps, s.ln_1.data(), s.ln_1_mean.data(), s.ln_1_rstd.data(),
-                       threads);
-    charge(&GptTimings::layer_norm);
+    layer_norm(s.x_in, o.ln_1_weight, o.ln_1_bias, s.ln_1, s.ln_1_mean, s.ln_1_rstd);
     attention_.emplace_back(attention_weights(parameters_, params, l), config.heads);
     const TensorView ln_1(s.ln_1.data(), {batch.batch, batch.length, E});
     s.x_mid.resize(rows * E);
@@ -138,13 +143,7 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
     add_into(s.x_mid.data(), s.x_in.data(), rows * E);
     charge(&GptTimings::attention);
     // MLP.
-    s.ln_2.resize(rows * E);
-    s.ln_2_mean.resize(rows);
-    s.ln_2_rstd.resize(rows);
-    layer_norm_forward(s.x_mid.data(), rows, E, params + o.ln_2_weight, params + o.ln_2_bias,
-                       config.ln_eps, s.ln_2.data(), s.ln_2_mean.data(), s.ln_2_rstd.data(),
-                       threads);
-    charge(&GptTimings::layer_norm);
+    layer_norm(s.x_mid, o.ln_2_weight, o.ln_2_bias, s.ln_2, s.ln_2_mean, s.ln_2_rstd);
     transpose(params + o.c_fc_weight, H4, E, s.fc_t);
     transpose(params + o.mlp_proj_weight, E, H4, s.proj_t);
     s.fc.resize(rows * H4);
@@ -157,12 +156,8 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
     add_into(residual_.data(), s.x_mid.data(), rows * E);
     charge(&GptTimings::mlp);
   }
-  ln_f_.resize(rows * E);
-  ln_f_mean_.resize(rows);
-  ln_f_rstd_.resize(rows);
-  layer_norm_forward(residual_.data(), rows, E, params + parameters_.ln_f_weight(),
-                     params + parameters_.ln_f_bias(), config.ln_eps, ln_f_.data(),
-                     ln_f_mean_.data(), ln_f_rstd_.data(), threads);
+  layer_norm(residual_, parameters_.ln_f_weight(), parameters_.ln_f_bias(), ln_f_, ln_f_mean_,
+             ln_f_rstd_);
   transpose(wte, V, E, wte_t_);
   charge(&GptTimings::layer_norm);
   logits_.resize(rows * V);
