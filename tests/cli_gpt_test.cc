@@ -27,12 +27,24 @@ TEST(CliGpt, AblationShowsWhyTheLookAheadMaskExists) {
     GTEST_SKIP() << "NOT TESTED: no " << model::kDefaultCorpusDirectory << " on this system";
   }
   test::TempDir dir;
-  // A small run (about 6 s on two cores) in which the unmasked model finds the copy.
+  // A small run (about 6 s on two cores) in which the unmasked model finds the copy. The
+  // sanitizer pass repeats only 60 steps of it, for memory safety: the claim is the release
+  // pass's (the same arithmetic), and 600 steps cost it 45 s.
+#if defined(__SANITIZE_ADDRESS__)
+  const bool claim = false;
+#else
+  const bool claim = true;
+#endif
   const test::CliResult result =
       test::run_cli("gpt ablate --out " + dir.path("ablation") +
-                    " --layers 1 --d-model 64 --heads 2 --context 32 --steps 600 --lr 5e-3 "
-                    "--threads 2");
+                    " --layers 1 --d-model 64 --heads 2 --context 32 --lr 5e-3 --threads 2" +
+                    (claim ? " --steps 600" : " --steps 60"));
   ASSERT_EQ(result.exit_code, 0) << result.err;
+  for (const char* file : {"loss_curves.png", "attention_causal.png", "attention_none.png",
+                           "causal/config.txt", "none/transformer.wte.weight.npy"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir.path("ablation/") + file)) << file;
+  }
+  if (!claim) return;
   const auto [causal_train, none_train] = table_row(result.out, "training loss, as trained");
   const auto [causal_valid, none_valid] = table_row(result.out, "validation loss under the causal");
   const auto [causal_copy, none_copy] = table_row(result.out, "mean weight on key i\\+1");
@@ -44,10 +56,6 @@ TEST(CliGpt, AblationShowsWhyTheLookAheadMaskExists) {
   EXPECT_GT(none_valid, none_train + 2.0) << result.out;
   EXPECT_GT(none_copy, 0.5) << result.out;
   EXPECT_EQ(causal_copy, 0.0) << result.out;  // key i+1 is hidden from the masked model
-  for (const char* file : {"loss_curves.png", "attention_causal.png", "attention_none.png",
-                           "causal/config.txt", "none/transformer.wte.weight.npy"}) {
-    EXPECT_TRUE(std::filesystem::exists(dir.path("ablation/") + file)) << file;
-  }
 }
 
 TEST(CliGpt, TrainResumeAndGenerate) {
