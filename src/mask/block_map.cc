@@ -308,8 +308,8 @@ TileKind BlockMap::global_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_
   const MaskShape& shape = mask_.shape();
   for (const GlobalCounts& counts : global_counts_) {
     if (!counts.global->heads.contains(h)) continue;
-    const int64_t q_row = counts.global->query_ids.dim(0) == 1 ? 0 : b;
-    const int64_t k_row = counts.global->key_ids.dim(0) == 1 ? 0 : b;
+    const int64_t q_row = ResolvedMask::global_row(counts.global->query_ids, b);
+    const int64_t k_row = ResolvedMask::global_row(counts.global->key_ids, b);
     const int64_t* queries = counts.queries.data() + q_row * (shape.q_len + 1);
     const int64_t* keys = counts.keys.data() + k_row * (shape.k_len + 1);
     const int64_t global_queries = queries[q_end] - queries[q_first];
@@ -347,7 +347,7 @@ BlockMap::TileRange BlockMap::k_tile_range(int64_t b, int64_t h, int64_t q_tile)
   }
   for (const GlobalCounts& counts : global_counts_) {
     if (!counts.global->heads.contains(h)) continue;
-    const int64_t q_row = counts.global->query_ids.dim(0) == 1 ? 0 : b;
+    const int64_t q_row = ResolvedMask::global_row(counts.global->query_ids, b);
     const int64_t* queries = counts.queries.data() + q_row * (shape.q_len + 1);
     const Range keys = counts.key_span[b];
     if (queries[q_last + 1] > queries[q_first]) {

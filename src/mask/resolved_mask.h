@@ -77,8 +77,12 @@ class ResolvedMask {
   bool relaxed(int64_t b, int64_t h, int64_t i, int64_t j) const;
   // Head h has a span, prefix or global-token component (pairs outside the windows may be allowed).
   bool has_relaxation(int64_t h) const;
+  // The row of global-token ids that sequence b reads: its own, or the one row of [1, L] ids.
+  static int64_t global_row(const Array<int64_t>& ids, int64_t b) {
+    return ids.dim(0) == 1 ? 0 : b;
+  }
   static bool is_global(const Array<int64_t>& ids, int64_t b, int64_t t) {
-    return ids.at(ids.dim(0) == 1 ? 0 : b, t) != 0;
+    return ids.at(global_row(ids, b), t) != 0;
   }
 
   MaskShape shape_;

@@ -1,40 +1,18 @@
 // Block-sparse layout builders (maskattn/sparse_layouts.h). Each fills a [blocks, blocks] grid per
 // head from a rule on the block indices; only BigBird draws, from a generator of our own so that
-// the same seed gives the same layout on every platform (std::uniform_int_distribution does not).
+// the same seed gives the same layout on every platform (core/splitmix64.h).
 #include "maskattn/sparse_layouts.h"
 
 #include <algorithm>
 #include <string>
 #include <vector>
 
+#include "core/splitmix64.h"
 #include "maskattn/error.h"
 
 namespace maskattn {
 
 namespace {
-
-// splitmix64 (Steele, Lea, Flood 2014): a full-period 64-bit generator, one addition and two
-// multiplications per draw.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, bound) by rejection, so that no value is favoured.
-  uint64_t below(uint64_t bound) {
-    const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
-    uint64_t draw = next();
-    while (draw >= limit) draw = next();
-    return draw % bound;
-  }
-
- private:
-  uint64_t state_;
-};
 
 void require_positive(int64_t value, const char* builder, const char* name) {
   if (value < 1) {
@@ -78,7 +56,7 @@ Array<uint8_t> bigbird_layout(int64_t blocks, const BigBirdLayout& config, int64
   const auto is_global = [&](int64_t r) { return r < leading || r >= blocks - trailing; };
   const int64_t reach = (config.sliding_blocks - 1) / 2;
   return per_head(blocks, heads, builder, [&](int64_t h, uint8_t* grid) {
-    SplitMix64 draws(config.seed ^ (0x5851F42D4C957F2Dull * static_cast<uint64_t>(h + 1)));
+    detail::SplitMix64 draws(config.seed ^ (0x5851F42D4C957F2Dull * static_cast<uint64_t>(h + 1)));
     std::vector<int64_t> unseen;
     for (int64_t r = 0; r < blocks; ++r) {
       uint8_t* row = grid + r * blocks;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/splitmix64.h"
 #include "kernels/matmul.h"
 #include "maskattn/error.h"
 #include "maskattn/model/char_vocabulary.h"
@@ -110,10 +111,9 @@ int32_t sample(const std::vector<float>& logits, const GenerateOptions& options,
     weight = std::exp((weight - candidates.front().first) / options.temperature);
     total += weight;
   }
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  double target = static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1p-53 * total;
+  detail::SplitMix64 draws(state);
+  double target = draws.unit() * total;
+  state = draws.state();
   for (const auto& [weight, id] : candidates) {
     if ((target -= weight) < 0) return id;
   }
@@ -127,7 +127,6 @@ Generated generate(GptDecoder& decoder, const std::vector<int32_t>& prompt,
   if (prompt.empty()) throw Error("gpt: the prompt is empty; give at least one character");
   Generated result;
   std::vector<int32_t> text = prompt;
-  decoder.restart();
   uint64_t state = options.seed;
   std::vector<float> logits;
   const auto refill = [&](int64_t keep) {

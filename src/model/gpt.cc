@@ -189,6 +189,15 @@ void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int
   layer_options.attention.threads = threads;
   scratch_b_.resize(rows * E);
   scratch_h_.resize(rows * H4);
+  // A block's residual branch starts with a LayerNorm of x: dx += its backward of dy.
+  const auto add_layer_norm_backward =
+      [&](const std::vector<float>& x, const float* dy, int64_t weight, int64_t bias,
+          const std::vector<float>& mean, const std::vector<float>& rstd) {
+        layer_norm_backward(x.data(), dy, rows, E, params + weight, mean.data(), rstd.data(),
+                            scratch_b_.data(), grads + weight, grads + bias, threads);
+        add_into(dx_.data(), scratch_b_.data(), rows * E);
+        charge(&GptTimings::layer_norm);
+      };
   for (int64_t l = config.layers - 1; l >= 0; --l) {
     const BlockOffsets& o = parameters_.block(l);
     GptBlockState& s = blocks_[l];
@@ -199,11 +208,8 @@ void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int
     linear_backward(s.ln_2.data(), scratch_h_.data(), rows, E, H4, params + o.c_fc_weight,
                     scratch_a_.data(), grads + o.c_fc_weight, grads + o.c_fc_bias, threads);
     charge(&GptTimings::mlp);
-    layer_norm_backward(s.x_mid.data(), scratch_a_.data(), rows, E, params + o.ln_2_weight,
-                        s.ln_2_mean.data(), s.ln_2_rstd.data(), scratch_b_.data(),
-                        grads + o.ln_2_weight, grads + o.ln_2_bias, threads);
-    add_into(dx_.data(), scratch_b_.data(), rows * E);  // now ∂L/∂x_mid
-    charge(&GptTimings::layer_norm);
+    add_layer_norm_backward(s.x_mid, scratch_a_.data(), o.ln_2_weight, o.ln_2_bias, s.ln_2_mean,
+                            s.ln_2_rstd);  // dx_ is now ∂L/∂x_mid
     // x_mid = x_in + attn(ln_1(x_in)).
     const LayerGradients attention =
         attention_[l].backward(s.attention, TensorView(dx_.data(), {batch.batch, batch.length, E}),
@@ -224,11 +230,8 @@ void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int
     std::copy(dw.v_bias.data(), dw.v_bias.data() + E, dc_attn_bias + 2 * E);
     std::copy(dw.out_bias.data(), dw.out_bias.data() + E, grads + o.attn_proj_bias);
     charge(&GptTimings::attention);
-    layer_norm_backward(s.x_in.data(), scratch_a_.data(), rows, E, params + o.ln_1_weight,
-                        s.ln_1_mean.data(), s.ln_1_rstd.data(), scratch_b_.data(),
-                        grads + o.ln_1_weight, grads + o.ln_1_bias, threads);
-    add_into(dx_.data(), scratch_b_.data(), rows * E);  // now ∂L/∂x_in
-    charge(&GptTimings::layer_norm);
+    add_layer_norm_backward(s.x_in, scratch_a_.data(), o.ln_1_weight, o.ln_1_bias, s.ln_1_mean,
+                            s.ln_1_rstd);  // dx_ is now ∂L/∂x_in
   }
   // The embeddings, in row order.
   float* dwpe = grads + parameters_.wpe();

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/splitmix64.h"
 #include "maskattn/error.h"
 
 namespace maskattn::model {
@@ -11,14 +12,14 @@ namespace {
 // Normal draws from splitmix64 and Box–Muller: the same values on every platform.
 class NormalDraws {
  public:
-  explicit NormalDraws(uint64_t seed) : state_(seed) {}
+  explicit NormalDraws(uint64_t seed) : uniform_(seed) {}
   double next() {
     if (has_spare_) {
       has_spare_ = false;
       return spare_;
     }
-    const double u1 = (static_cast<double>(bits() >> 11) + 0.5) * 0x1p-53;
-    const double u2 = static_cast<double>(bits() >> 11) * 0x1p-53;
+    const double u1 = uniform_.unit() + 0x1p-54;  // in (0, 1): log(u1) is finite
+    const double u2 = uniform_.unit();
     const double radius = std::sqrt(-2.0 * std::log(u1));
     spare_ = radius * std::sin(2.0 * M_PI * u2);
     has_spare_ = true;
@@ -26,13 +27,7 @@ class NormalDraws {
   }
 
  private:
-  uint64_t bits() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  uint64_t state_;
+  detail::SplitMix64 uniform_;
   double spare_ = 0;
   bool has_spare_ = false;
 };

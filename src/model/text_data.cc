@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/splitmix64.h"
 #include "maskattn/error.h"
 #include "maskattn/model/gpt.h"
 #include "maskattn/tokens.h"
@@ -62,10 +63,10 @@ BatchSampler::BatchSampler(const std::vector<int32_t>* tokens, int64_t context, 
 }
 
 uint64_t BatchSampler::below(uint64_t bound) {
-  uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return (z ^ (z >> 31)) % bound;  // the bias of % is below 2^-40 for these bounds
+  detail::SplitMix64 draws(state_);
+  const uint64_t draw = draws.next() % bound;  // the bias of % is below 2^-40 for these bounds
+  state_ = draws.state();
+  return draw;
 }
 
 int64_t BatchSampler::draw(int64_t batch, std::vector<int32_t>& tokens,

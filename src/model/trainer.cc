@@ -38,6 +38,7 @@ Trainer::Trainer(CharVocabulary vocabulary, const std::vector<int32_t>& tokens,
       options_(std::move(options)),
       splits_(split_tokens(tokens)),
       gpt_(parameters_for(vocabulary_, options_), options_.causal),
+      validation_gpt_(gpt_.parameters(), true),
       sampler_(&splits_.train, options_.model.context, options_.padded_lines,
                newline_id(vocabulary_), options_.seed) {
   // Both splits must hold a batch, so that a run fails now rather than at its first evaluation.
@@ -94,7 +95,6 @@ double Trainer::step() {
 }
 
 double Trainer::validation_loss(int64_t batches) {
-  Gpt causal(gpt_.parameters(), true);
   BatchSampler sampler(&splits_.validation, options_.model.context, options_.padded_lines,
                        newline_id(vocabulary_), options_.seed ^ (0xA5A5A5A5ull + step_));
   std::vector<int32_t> tokens, targets;
@@ -105,7 +105,7 @@ double Trainer::validation_loss(int64_t batches) {
     const GptBatch batch{tokens.data(), targets.data(), options_.batch, length,
                          options_.padded_lines ? static_cast<int32_t>(0) : -1};
     const CrossEntropy loss =
-        causal.loss_and_gradients(params_.data(), batch, nullptr, options_.threads);
+        validation_gpt_.loss_and_gradients(params_.data(), batch, nullptr, options_.threads);
     sum += loss.loss * static_cast<double>(loss.real_rows);
     rows += loss.real_rows;
   }

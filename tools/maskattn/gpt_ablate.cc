@@ -41,6 +41,7 @@ Copying copying_head(const model::LoadedModel& loaded, const std::vector<int32_t
                          0);
   Copying best;
   best.weight = -1;
+  best.allowed = allowed_pairs(gpt.last_mask(), {1, H, L, L}).values();
   for (int64_t l = 0; l < config.layers; ++l) {
     const LayerActivations& saved = gpt.block_state(l).attention;
     // Q and K [1, L, H·D] as f32, viewed as [1, H, L, D].
@@ -57,7 +58,6 @@ Copying copying_head(const model::LoadedModel& loaded, const std::vector<int32_t
         best.layer = l;
         best.head = h;
         best.weights = weights;
-        best.allowed = allowed_pairs(gpt.last_mask(), {1, H, L, L}).values();
       }
     }
   }

@@ -34,7 +34,6 @@ struct TrainedRun {
   std::vector<std::pair<int64_t, double>> validation_losses;  // (step, loss) under causal
   double final_train_loss = 0, validation_loss = 0;
   int64_t vocabulary_size = 0;
-  double tokens_per_second = 0;
 };
 
 model::TrainOptions train_options(const GptArgs& args);

@@ -83,6 +83,7 @@ class Trainer {
   TrainOptions options_;
   TokenSplits splits_;
   Gpt gpt_;
+  Gpt validation_gpt_;  // the same parameters under the causal mask, its buffers kept
   BatchSampler sampler_;
   std::vector<float> params_, grads_, exp_avg_, exp_avg_sq_;
   std::vector<int32_t> batch_tokens_, batch_targets_;
