@@ -44,13 +44,19 @@ struct Options {
   Kernel kernel = Kernel::automatic;
   int threads = 0;  // 0 = OpenMP's default (all cores); at most kMaxThreads
   Products products = Products::automatic;
+  // The slice of a larger problem this call computes (mask.h); default: the whole problem.
+  Frame frame;
+  // Whether mods.sinks join this call's softmax denominators. A problem split along its keys
+  // counts the sinks in exactly one part: pass false for the others (merge_partials adds parts).
+  bool count_sinks = true;
 };
 
 inline constexpr int kMaxThreads = 1024;
 
 // O = softmax(S)·V with S = scale·Q·Kᵀ (+ modifiers) and the mask's hidden pairs removed.
-// `lse` is optional (a null view skips it). Throws maskattn::Error on invalid input, before
-// writing anything.
+// `lse` is optional (a null view skips it). `out` has q's dtype, or f32 for f16/bf16 inputs (a
+// partial result kept unrounded until merge_partials rounds once). Throws maskattn::Error on
+// invalid input, before writing anything.
 void attention(const TensorView& q, const TensorView& k, const TensorView& v,
                const MutableTensorView& out, const Mask& mask = {}, const ScoreMods& mods = {},
                const Options& options = {}, const MutableTensorView& lse = {});
@@ -82,12 +88,18 @@ struct Gradients {
   MutableTensorView
       dbias;  // optional: ∂L/∂bias, f32, the shape of mods.bias (broadcast axes summed)
   MutableTensorView dsinks;  // optional: ∂L/∂sinks, f32 [Hq]
+  // Add this call's gradients to what the views hold (split and ring backward passes sum over
+  // key slices) instead of overwriting them. The call's own gradients are computed as without
+  // it, then added in f32 (the views' dtype rounds the sum).
+  bool accumulate = false;
 };
 
 // `out` and `lse` are what attention() returned for these inputs, mask and modifiers (the fused
 // kernel recomputes P from them; the reference kernel recomputes everything in f64 and reads
-// them only for their shapes). `dout` has out's shape and dtype. Gradients are overwritten, not
-// accumulated. Bitwise identical for any thread count. A score_fn has no derivative: Error.
+// them only for their shapes). `dout` has out's shape and dtype. dq, dk and dv have q's dtype,
+// or f32 for f16/bf16 inputs. Gradients are overwritten unless grads.accumulate. Bitwise
+// identical for any thread count. A score_fn has no derivative: Error. With a partial frame the
+// slice's dbias is added into the whole bias's gradient, so dbias needs grads.accumulate.
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const TensorView& lse, const TensorView& dout,
                         const Gradients& grads, const Mask& mask = {}, const ScoreMods& mods = {},
@@ -116,6 +128,12 @@ Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape);
 // (skipped), 1 = full (no mask work), 2 = partial (element mask). The fused kernel uses 64 × 64.
 Array<uint8_t> block_map(const Mask& mask, const MaskShape& shape, int64_t tile_q = 64,
                          int64_t tile_k = 64);
+
+// Whether the mask allows at least one pair of the slice `frame` (mask.h) of a problem whose
+// call would have `shape` (its own B, Hq, Lq, Lk). Exact, and O(tiles) for structured masks: the
+// block map rules out empty tiles, and only partial tiles are looked into. A ring skips the slice
+// pairs it says no to, their compute and their messages.
+bool any_allowed(const Mask& mask, const MaskShape& shape, const Frame& frame = {});
 
 // One sequence and query head of it: [Lq, Lk]. Costs Lq·Lk, whatever B and Hq are.
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape, int64_t batch, int64_t head);

@@ -164,6 +164,22 @@ struct MaskShape {
   int64_t k_len = 0;
 };
 
+// One slice of a larger problem (split-query / split-key calls, ring attention). The call's Lq
+// queries are rows [q_offset, q_offset + Lq) of a problem with q_total queries, its Lk keys rows
+// [k_offset, k_offset + Lk) of k_total keys. The mask and the score modifiers describe the whole
+// problem: positions and alignment follow q_total/k_total; per-token arrays, dense masks, layouts
+// and the bias are read at the global rows; predicates and score_fn receive global indices. So
+// calls over the slices of a split, merged with merge_partials, equal one call over the whole.
+// The default frame (totals −1) is the call itself.
+struct Frame {
+  int64_t q_offset = 0;
+  int64_t k_offset = 0;
+  int64_t q_total = -1;  // −1: the call's own Lq (then q_offset must be 0)
+  int64_t k_total = -1;  // −1: the call's own Lk (then k_offset must be 0)
+
+  bool is_whole() const { return q_total < 0 && k_total < 0 && q_offset == 0 && k_offset == 0; }
+};
+
 using Component =
     std::variant<component::Window, component::Chunk, component::Padding, component::Segments,
                  component::Spans, component::Prefix, component::GlobalTokens,

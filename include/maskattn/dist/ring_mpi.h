@@ -1,0 +1,28 @@
+// Ring attention over MPI (built with -DMASKATTN_WITH_MPI=ON, target maskattn::distributed).
+// Every rank passes its local shards (the rows local_ranges() gives it, stacked in that order)
+// and the same global mask and modifiers; K/V travel around the ring with non-blocking sends,
+// overlapped with compute. Bad input on any rank fails every rank with the same Error.
+#pragma once
+
+#include <mpi.h>
+
+#include "maskattn/ring.h"
+
+namespace maskattn::dist {
+
+// q [B,Hq,nq,D], k [B,Hkv,nk,D], v [B,Hkv,nk,Dv], out [B,Hq,nq,Dv], lse [B,Hq,nq] (optional):
+// this rank's rows. global_q_len / global_k_len: the whole sequence lengths (N).
+void ring_attention(MPI_Comm comm, int64_t global_q_len, int64_t global_k_len, const TensorView& q,
+                    const TensorView& k, const TensorView& v, const MutableTensorView& out,
+                    const Mask& mask = {}, const ScoreMods& mods = {},
+                    const RingOptions& options = {}, const MutableTensorView& lse = {},
+                    RingStats* stats = nullptr);
+
+void ring_attention_backward(MPI_Comm comm, int64_t global_q_len, int64_t global_k_len,
+                             const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& out, const TensorView& lse, const TensorView& dout,
+                             const Gradients& grads, const Mask& mask = {},
+                             const ScoreMods& mods = {}, const RingOptions& options = {},
+                             RingStats* stats = nullptr);
+
+}  // namespace maskattn::dist
