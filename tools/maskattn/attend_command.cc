@@ -81,6 +81,19 @@ void write_weights_heatmap(const Computation& c, const std::string& path,
 }  // namespace
 
 int run_attend(const AttendArgs& args) {
+  if (!args.ring.empty()) {
+    // These need the whole problem in one process; a rank holds only its rows.
+    for (const auto& [given, flag] : {std::pair{!args.weights.empty(), "--weights"},
+                                      {!args.heatmap.empty(), "--heatmap"},
+                                      {args.report, "--report"},
+                                      {args.repeat > 0, "--repeat"}}) {
+      if (given) {
+        throw Error(std::string(flag) + " cannot be combined with --ring: it needs the whole " +
+                    "problem in one process, and a ring rank holds only its rows");
+      }
+    }
+    return run_attend_ring(args);
+  }
   std::vector<std::pair<std::string, std::string>> outputs = {{"--out", args.out}};
   if (!args.lse.empty()) outputs.emplace_back("--lse", args.lse);
   if (!args.weights.empty()) outputs.emplace_back("--weights", args.weights);
@@ -153,6 +166,7 @@ Command add_attend_command(CLI::App& app) {
                       "FILE.svg (hidden pairs hatched grey)");
   command->add_option("--tokens", args->tokens,
                       "heatmap labels: a text file of whitespace-separated tokens, one per key");
+  add_ring_option(command, args->ring);
   command->footer(mask_spec_help());
   return {command, [args] { return run_attend(*args); }};
 }

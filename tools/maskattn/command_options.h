@@ -40,6 +40,19 @@ inline CLI::Option* add_products_option(CLI::App* command, std::string& products
       ->check(CLI::IsMember({"auto", "f32", "bf16-dot", "amx"}));
 }
 
+// --ring [zigzag|contiguous] of attend and grad: run as one rank of a ring under mpirun
+// (docs/distributed.md). Without a value: zigzag.
+inline CLI::Option* add_ring_option(CLI::App* command, std::string& ring) {
+  return command
+      ->add_option("--ring", ring,
+                   "run as one rank of ring attention under mpirun -np P: zigzag (default) or "
+                   "contiguous layout; each rank reads and writes only its rows "
+                   "(docs/distributed.md; needs a build with MPI)")
+      ->expected(0, 1)
+      ->default_str("zigzag")
+      ->check(CLI::IsMember({"zigzag", "contiguous"}));
+}
+
 // What the shared compute options say in --help where a command words them its own way.
 struct ComputeOptionHelp {
   std::string scale = "score scale (default 1/sqrt(D))";

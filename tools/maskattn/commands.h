@@ -47,8 +47,11 @@ struct AttendArgs {
   bool report = false;  // print the numeric health report
   std::string heatmap;  // FILE.png|svg: the weights, one panel per (b, h); empty = none
   std::string tokens;   // labels for the heatmap's rows and columns
+  std::string ring;     // "zigzag" | "contiguous": run as one rank of a ring (mpirun); "" = not
 };
 int run_attend(const AttendArgs& args);
+// attend --ring / grad --ring (ring_command.cc; without MPI, ring_unavailable.cc: Error E120).
+int run_attend_ring(const AttendArgs& args);
 
 // maskattn grad: the backward from .npy files (docs/cli.md).
 struct GradArgs {
@@ -59,8 +62,10 @@ struct GradArgs {
   int threads = 0;
   std::string kernel = "auto";
   std::string products = "auto";  // bf16 product unit (attention.h: Products)
+  std::string ring;               // as AttendArgs::ring
 };
 int run_grad(const GradArgs& args);
+int run_grad_ring(const GradArgs& args);
 
 // maskattn gradcheck: finite differences on random inputs; exit 1 above the tolerance.
 struct GradcheckArgs {

@@ -89,9 +89,6 @@ InputTensor load_input(const std::string& flag, const std::string& path) {
   return input;
 }
 
-namespace {
-
-// Element n of float32 or float16 bytes, widened to f32.
 float file_value(const uint8_t* bytes, NpyType type, size_t n) {
   if (type == NpyType::f4) {
     float value;
@@ -102,8 +99,6 @@ float file_value(const uint8_t* bytes, NpyType type, size_t n) {
   std::memcpy(&half.bits, bytes + 2 * n, 2);
   return to_float(half);
 }
-
-}  // namespace
 
 ComputeInput::ComputeInput(const InputTensor& input, DType dtype) {
   const uint8_t* in_place = input.file->c_order_data();

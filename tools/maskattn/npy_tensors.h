@@ -52,6 +52,9 @@ struct InputTensor {
 };
 InputTensor load_input(const std::string& flag, const std::string& path);
 
+// Element n of float32 or float16 file bytes (an input's NpyType), widened to f32.
+float file_value(const uint8_t* bytes, NpyType type, size_t n);
+
 // An input as a [B,H,L,D] view in the compute dtype. When the file already holds that dtype in C
 // order (float32 for f32, float16 for f16) the view points into the file's mapping and nothing is
 // copied; otherwise (another dtype, Fortran order, unaligned data) the values are converted once
