@@ -19,6 +19,7 @@
 #include "maskattn/dist/ring_mpi.h"
 #include "maskattn/error.h"
 #include "npy_tensors.h"
+#include "output_files.h"
 #include "ring_agreement.h"
 #include "ring_outputs.h"
 #include "ring_rows.h"

@@ -1,0 +1,136 @@
+// maskattn attend --ring / grad --ring under mpirun (docs/distributed.md): P processes reading
+// and writing their own rows of the same .npy files must produce the files the single-process
+// command writes, within its tolerance, for both layouts, every file layout, float16 files, and
+// a rank count that does not divide the sequence. Bad input fails every rank with one error and
+// leaves no file. Built only with MASKATTN_WITH_MPI; each case starts mpirun once (≈ 0.5 s).
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "maskattn/npy.h"
+#include "test_util.h"
+
+namespace maskattn {
+namespace {
+
+// mpirun with what this machine needs: root in containers, more ranks than cores, shared memory
+// without single-copy (ptrace is refused in containers), one thread per rank.
+test::CliResult run_ring(int ranks, const std::string& arguments) {
+  test::TempDir dir;
+  const std::string command =
+      std::string("OMPI_MCA_btl_vader_single_copy_mechanism=none '") + MASKATTN_MPIEXEC +
+      "' --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader -x "
+      "OMP_NUM_THREADS=1 -np " +
+      std::to_string(ranks) + " '" + MASKATTN_CLI + "' " + arguments + " --threads 1 >'" +
+      dir.path("out") + "' 2>'" + dir.path("err") + "'";
+  const int status = std::system(command.c_str());
+  test::CliResult result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream err(dir.path("err"));
+  std::stringstream text;
+  text << err.rdbuf();
+  result.err = text.str();
+  return result;
+}
+
+// Random q, k, v (and dout) files of one shape in `dir`.
+struct RingFiles {
+  test::TempDir dir;
+  RingFiles(const Dims& q_shape, const Dims& kv_shape, bool float16 = false) {
+    const auto write = [&](const std::string& name, const Dims& shape, uint64_t seed) {
+      int64_t count = 1;
+      for (const int64_t size : shape) count *= size;
+      const std::vector<float> values = test::random_values(static_cast<size_t>(count), seed);
+      if (float16) {
+        std::vector<float16> halves;
+        for (const float x : values) halves.push_back(float16_from_float(x));
+        write_npy(dir.path(name), NpyArray::from_float16(halves, shape));
+      } else {
+        write_npy(dir.path(name), NpyArray::from_floats(values, shape));
+      }
+    };
+    write("q.npy", q_shape, 1);
+    write("k.npy", kv_shape, 2);
+    write("v.npy", kv_shape, 3);
+    write("dout.npy", q_shape, 4);
+  }
+  std::string inputs() const {
+    return "--q " + dir.path("q.npy") + " --k " + dir.path("k.npy") + " --v " + dir.path("v.npy");
+  }
+  std::string attend(const std::string& tag, const std::string& flags) const {
+    return "attend " + inputs() + " --out " + dir.path(tag + "_out.npy") + " --lse " +
+           dir.path(tag + "_lse.npy") + " " + flags;
+  }
+  std::string grad(const std::string& tag, const std::string& flags) const {
+    return "grad " + inputs() + " --dout " + dir.path("dout.npy") + " --dq " +
+           dir.path(tag + "_dq.npy") + " --dk " + dir.path(tag + "_dk.npy") + " --dv " +
+           dir.path(tag + "_dv.npy") + " " + flags;
+  }
+  // The ring's file `name` against the single-process one: same type and shape, values within
+  // `tolerance`.
+  void expect_same(const std::string& name, float tolerance) const {
+    const NpyArray single = read_npy(dir.path("single_" + name + ".npy"));
+    const NpyArray ring = read_npy(dir.path("ring_" + name + ".npy"));
+    EXPECT_EQ(ring.type(), single.type()) << name;
+    EXPECT_EQ(ring.shape(), single.shape()) << name;
+    const float error = test::max_error(ring.to_float32(name), single.to_float32(name));
+    EXPECT_LE(error, tolerance) << name;
+  }
+};
+
+void expect_success(const test::CliResult& result) {
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+}
+
+TEST(CliRing, AttendZigzagCausalGqaMatchesSingleProcess) {
+  const RingFiles files({2, 4, 37, 8}, {2, 2, 37, 8});  // 37 rows: 4 chunks of 9 or 10
+  expect_success(test::run_cli(files.attend("single", "--mask causal")));
+  expect_success(run_ring(2, files.attend("ring", "--mask causal --ring zigzag")));
+  files.expect_same("out", 1e-5f);
+  files.expect_same("lse", 1e-5f);
+}
+
+TEST(CliRing, AttendContiguousWindowOneHeadFilesThreeRanks) {
+  const RingFiles files({40, 8}, {40, 8});  // [L, D] files
+  expect_success(test::run_cli(files.attend("single", "--mask sliding-window:6")));
+  expect_success(run_ring(3, files.attend("ring", "--mask sliding-window:6 --ring contiguous")));
+  files.expect_same("out", 1e-5f);
+  files.expect_same("lse", 1e-5f);
+}
+
+TEST(CliRing, AttendFloat16FilesDefaultLayoutCrossAttention) {
+  const RingFiles files({1, 2, 24, 16}, {1, 2, 40, 16}, true);  // Lq ≠ Lk, bottom-right causal
+  expect_success(test::run_cli(files.attend("single", "--mask causal")));
+  expect_success(run_ring(2, files.attend("ring", "--mask causal --ring")));
+  files.expect_same("out", 2e-3f);  // float16 files: one rounding of the output either way
+  files.expect_same("lse", 1e-4f);
+}
+
+TEST(CliRing, GradZigzagCausalMatchesSingleProcess) {
+  const RingFiles files({1, 4, 33, 8}, {1, 2, 33, 8});
+  expect_success(test::run_cli(files.grad("single", "--mask causal")));
+  expect_success(run_ring(2, files.grad("ring", "--mask causal --ring zigzag")));
+  for (const char* name : {"dq", "dk", "dv"}) files.expect_same(name, 1e-5f);
+}
+
+TEST(CliRing, BadInputFailsEveryRankAndWritesNothing) {
+  const RingFiles files({1, 2, 16, 8}, {1, 2, 16, 4});  // k's head dim differs from q's
+  const test::CliResult result = run_ring(2, files.attend("ring", "--mask causal --ring zigzag"));
+  EXPECT_NE(result.exit_code, 0);
+  // Every rank prints the same one-line error.
+  EXPECT_NE(result.err.find("maskattn: error: k head dim 4 does not match q head dim 8"),
+            std::string::npos)
+      << result.err;
+  EXPECT_FALSE(std::filesystem::exists(files.dir.path("ring_out.npy")));
+  for (const auto& entry : std::filesystem::directory_iterator(files.dir.root())) {
+    EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
+}
+
+}  // namespace
+}  // namespace maskattn
