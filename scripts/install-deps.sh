@@ -14,6 +14,7 @@ packages=(
   clang-format                    # style check in the test command
   clang-14 libclang-rt-14-dev     # libFuzzer and sanitizers for the fuzz targets (scripts/fuzz.sh)
   libomp-14-dev                   # OpenMP for the clang build of the fuzz targets
+  libopenmpi-dev openmpi-bin      # Open MPI: the distributed ring (maskattn::distributed, mpirun tests)
 )
 
 missing=()
