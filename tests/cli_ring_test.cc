@@ -41,12 +41,12 @@ test::CliResult run_ring(int ranks, const std::string& arguments) {
 // Random q, k, v (and dout) files of one shape in `dir`.
 struct RingFiles {
   test::TempDir dir;
-  RingFiles(const Dims& q_shape, const Dims& kv_shape, bool float16 = false) {
+  RingFiles(const Dims& q_shape, const Dims& kv_shape, bool half_precision = false) {
     const auto write = [&](const std::string& name, const Dims& shape, uint64_t seed) {
       int64_t count = 1;
       for (const int64_t size : shape) count *= size;
       const std::vector<float> values = test::random_values(static_cast<size_t>(count), seed);
-      if (float16) {
+      if (half_precision) {
         std::vector<float16> halves;
         for (const float x : values) halves.push_back(float16_from_float(x));
         write_npy(dir.path(name), NpyArray::from_float16(halves, shape));
@@ -122,10 +122,11 @@ TEST(CliRing, BadInputFailsEveryRankAndWritesNothing) {
   const RingFiles files({1, 2, 16, 8}, {1, 2, 16, 4});  // k's head dim differs from q's
   const test::CliResult result = run_ring(2, files.attend("ring", "--mask causal --ring zigzag"));
   EXPECT_NE(result.exit_code, 0);
-  // Every rank prints the same one-line error.
-  EXPECT_NE(result.err.find("maskattn: error: k head dim 4 does not match q head dim 8"),
-            std::string::npos)
+  // Every rank prints the same one-line error, the library's message naming the files.
+  EXPECT_NE(result.err.find("maskattn: error: "), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("k head dim 4 does not match q head dim 8"), std::string::npos)
       << result.err;
+  EXPECT_NE(result.err.find("--k " + files.dir.path("k.npy")), std::string::npos) << result.err;
   EXPECT_FALSE(std::filesystem::exists(files.dir.path("ring_out.npy")));
   for (const auto& entry : std::filesystem::directory_iterator(files.dir.root())) {
     EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << entry.path();

@@ -17,4 +17,5 @@ NB_MODULE(_core, m) {
   maskattn::python::bind_inspection(m);
   maskattn::python::bind_tools(m);
   maskattn::python::bind_gpt(m);
+  maskattn::python::bind_dist(m);
 }

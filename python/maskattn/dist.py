@@ -1,0 +1,233 @@
+"""Ring (context-parallel) attention over MPI: ``maskattn.dist`` (docs/distributed.md).
+
+Each MPI process (rank) holds its rows of the sequence — the rows :func:`local_ranges` gives it,
+stacked in that order — and calls :func:`ring_attention` with the same mask and modifiers as
+every other rank; K/V travel around the ring and each rank gets its rows of the output, exactly
+the attention of the whole sequence::
+
+    from mpi4py import MPI
+    import maskattn
+    from maskattn import dist
+
+    comm = MPI.COMM_WORLD
+    q_local = dist.shard(q, comm)            # this rank's rows of a global [B, H, N, D] array
+    out_local = dist.ring_attention(q_local, dist.shard(k, comm), dist.shard(v, comm),
+                                    maskattn.Mask().causal(), comm=comm, layout="zigzag")
+
+Run it with ``mpirun -np P python script.py``. ``comm`` is an mpi4py communicator, passed to C
+as ``MPI_Comm_f2c(comm.py2f())``: maskattn needs no mpi4py headers, only the same MPI library
+(Debian's Open MPI; ``pip install mpi4py`` builds against it). Tensors are [B, H, n, D]
+("bhld"); NumPy arrays and PyTorch CPU tensors are read in place, as by :func:`maskattn.attention`,
+and the outputs are allocated in the caller's framework. :class:`RingAttention` is the PyTorch
+autograd Function.
+"""
+
+from __future__ import annotations
+
+from . import _api, _core
+from ._arrays import Error, core_view, empty_like_framework, is_torch, new_output, threads_arg
+
+__all__ = [
+    "local_ranges",
+    "shard",
+    "ring_attention",
+    "ring_attention_backward",
+    "RingAttention",
+    "has_mpi",
+]
+
+LAYOUTS = ("zigzag", "contiguous")
+
+#: Whether this build of maskattn has the MPI ring (``local_ranges`` and ``shard`` work without).
+has_mpi = bool(_core.has_mpi)
+
+
+def _layout(layout) -> str:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise Error(f"layout must be 'zigzag' or 'contiguous', got {layout!r}")
+    return layout
+
+
+def _communicator(comm):
+    """``comm`` (None: mpi4py's COMM_WORLD) checked to be an mpi4py intracommunicator."""
+    if comm is None:
+        try:
+            from mpi4py import MPI
+        except ImportError as missing:
+            raise Error(
+                "comm=None needs mpi4py (pip install mpi4py) for MPI.COMM_WORLD; pass an mpi4py "
+                "communicator"
+            ) from missing
+        return MPI.COMM_WORLD
+    for method in ("py2f", "Get_rank", "Get_size", "allreduce"):
+        if not callable(getattr(comm, method, None)):
+            raise Error(f"comm must be an mpi4py communicator (mpi4py.MPI.Comm), got "
+                        f"{type(comm).__name__}")
+    return comm
+
+
+def _require_mpi(function: str) -> None:
+    if not has_mpi:
+        raise Error(
+            f"{function} needs maskattn built with MPI: install Open MPI (Debian: libopenmpi-dev "
+            "openmpi-bin) and reinstall maskattn (MASKATTN_WITH_MPI is on when MPI is found)"
+        )
+
+
+def local_ranges(length, layout="zigzag", *, rank=None, world=None, comm=None):
+    """The global rows [(first, end), ...] rank ``rank`` of ``world`` holds of a sequence of
+    ``length`` rows: one range (contiguous) or two (zigzag: chunks r and 2P-1-r of 2P), in the
+    order they are stacked locally. Use them to place RoPE positions. ``rank`` and ``world``
+    default to ``comm``'s (mpi4py's COMM_WORLD when both are None)."""
+    layout = _layout(layout)
+    if rank is None or world is None:
+        comm = _communicator(comm)
+        rank = comm.Get_rank() if rank is None else rank
+        world = comm.Get_size() if world is None else world
+    return [tuple(r) for r in _core.local_ranges(int(length), layout, int(rank), int(world))]
+
+
+def shard(x, comm=None, *, layout="zigzag", axis=2):
+    """This rank's rows of a global array ``x`` along ``axis`` (2: L of [B, H, L, D]), stacked as
+    :func:`ring_attention` expects them. A copy when the rows are two ranges (zigzag)."""
+    comm = _communicator(comm)
+    ranges = local_ranges(x.shape[axis], layout, rank=comm.Get_rank(), world=comm.Get_size())
+    index = [slice(None)] * x.ndim
+    pieces = []
+    for first, end in ranges:
+        index[axis] = slice(first, end)
+        pieces.append(x[tuple(index)])
+    if len(pieces) == 1:
+        return pieces[0]
+    if is_torch(x):
+        import torch
+
+        return torch.cat(pieces, dim=axis)
+    import numpy as np
+
+    return np.concatenate(pieces, axis=axis)
+
+
+def _agreed(comm, prepare, q_len, k_len):
+    """Runs this rank's argument checks (``prepare`` returns its local q and k row counts and
+    whatever the call needs) and agrees with every rank, in one allgather, on the global lengths
+    (given, or the sum of every rank's rows) — or, if any rank's checks failed, raises the first
+    failing rank's error on every rank, so that no rank is left waiting in the ring."""
+    try:
+        rows_q, rows_k, prepared = prepare()
+        local = (None, rows_q, rows_k)
+    except Error as error:
+        prepared, local = None, (str(error), 0, 0)
+    gathered = comm.allgather(local)
+    for rank, (message, _, _) in enumerate(gathered):
+        if message is not None:
+            raise Error(message if rank == comm.Get_rank() else f"rank {rank}: {message}")
+    q_len = sum(entry[1] for entry in gathered) if q_len is None else int(q_len)
+    k_len = sum(entry[2] for entry in gathered) if k_len is None else int(k_len)
+    return q_len, k_len, prepared
+
+
+def ring_attention(q, k, v, mask=None, mods=None, *, comm=None, layout="zigzag", q_len=None,
+                   k_len=None, scale=None, dtype=None, threads=None, return_lse=False,
+                   kernel="auto", products="auto"):
+    """This rank's rows of attention over the whole sequence, computed around the ring.
+
+    q [B, Hq, nq, D], k [B, Hkv, nk, D], v [B, Hkv, nk, Dv]: this rank's rows (local_ranges).
+    ``mask`` and ``mods`` describe the whole problem and must be the same on every rank.
+    ``q_len``/``k_len``: the global lengths (default: the sum over ranks, one allreduce).
+    Returns out [B, Hq, nq, Dv] (and lse [B, Hq, nq] float32 with ``return_lse``). Collective:
+    every rank of ``comm`` must call it; an error on any rank is raised on every rank.
+    """
+    layout = _layout(layout)
+    comm = _communicator(comm)
+    _require_mpi("ring_attention")
+
+    def prepare():
+        checked_scale = _api._checked(mask, mods, scale)
+        (qb, kb, vb), element = _api._inputs((q, k, v), ("q", "k", "v"), dtype, "bhld")
+        _api._shape4(qb, "q", "[B,Hq,nq,D]")
+        _api._shape4(kb, "k", "[B,Hkv,nk,D]")
+        _api._shape4(vb, "v", "[B,Hkv,nk,Dv]")
+        return qb.shape[2], kb.shape[2], (checked_scale, qb, kb, vb, element)
+
+    q_len, k_len, (checked_scale, qb, kb, vb, element) = _agreed(comm, prepare, q_len, k_len)
+    batch, heads, rows, _ = qb.shape
+    result, out_view = new_output(q, (batch, heads, rows, vb.shape[3]), "bhld")
+    lse = lse_view = None
+    if return_lse:
+        lse = empty_like_framework(q, (batch, heads, rows), "float32")
+        lse_view = core_view(lse, "lse", "")[0]
+    _core.ring_attention(
+        comm.py2f(), q_len, k_len, qb, kb, vb, out_view, mask, mods, lse_view, checked_scale,
+        threads_arg(threads), kernel, products, layout, element,
+    )
+    return (result, lse) if return_lse else result
+
+
+def ring_attention_backward(q, k, v, out, lse, dout, mask=None, mods=None, *, comm=None,
+                            layout="zigzag", q_len=None, k_len=None, scale=None, dtype=None,
+                            threads=None, kernel="auto", products="auto"):
+    """(dq, dk, dv) of this rank's rows, given dout = ∂L/∂O of its rows and the ``out`` and
+    ``lse`` that :func:`ring_attention` returned for them. dk and dv are the gradients of this
+    rank's key rows, summed over every rank's queries. Collective, like the forward."""
+    layout = _layout(layout)
+    comm = _communicator(comm)
+    _require_mpi("ring_attention_backward")
+
+    def prepare():
+        checked_scale = _api._checked(mask, mods, scale)
+        views, element = _api._inputs(
+            (q, k, v, out, dout), ("q", "k", "v", "out", "dout"), dtype, "bhld"
+        )
+        lse_view, _ = core_view(lse, "lse", "")
+        shapes = [_api._shape4(x, n, a) for x, n, a in zip(
+            views[:3], ("q", "k", "v"), ("[B,Hq,nq,D]", "[B,Hkv,nk,D]", "[B,Hkv,nk,Dv]"))]
+        return shapes[0][2], shapes[1][2], (checked_scale, views, lse_view, shapes, element)
+
+    q_len, k_len, (checked_scale, views, lse_view, shapes, element) = _agreed(
+        comm, prepare, q_len, k_len)
+    qb, kb, vb, ob, db = views
+    grads, grad_views = zip(*(new_output(like, shape, "bhld")
+                              for like, shape in zip((q, k, v), shapes)))
+    _core.ring_attention_backward(
+        comm.py2f(), q_len, k_len, qb, kb, vb, ob, lse_view, db, *grad_views, mask, mods,
+        checked_scale, threads_arg(threads), kernel, products, layout, element,
+    )
+    return tuple(grads)
+
+
+def _make_autograd_function():
+    import torch
+
+    class RingAttention(torch.autograd.Function):
+        """``out = RingAttention.apply(q, k, v, mask, mods, comm, layout)`` on this rank's rows
+        (torch tensors, [B, H, n, D]); ``out.backward()`` runs :func:`ring_attention_backward`
+        around the same ring. Every rank must run the forward and the backward."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, mask=None, mods=None, comm=None, layout="zigzag"):
+            out, lse = ring_attention(q.detach(), k.detach(), v.detach(), mask, mods, comm=comm,
+                                      layout=layout, return_lse=True)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.ring = (mask, mods, comm, layout)
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            q, k, v, out, lse = ctx.saved_tensors
+            mask, mods, comm, layout = ctx.ring
+            dq, dk, dv = ring_attention_backward(
+                q.detach(), k.detach(), v.detach(), out, lse, dout.contiguous(), mask, mods,
+                comm=comm, layout=layout)
+            return dq, dk, dv, None, None, None, None
+
+    return RingAttention
+
+
+def __getattr__(name):
+    # RingAttention needs torch; import it only when asked for.
+    if name == "RingAttention":
+        function = _make_autograd_function()
+        globals()["RingAttention"] = function
+        return function
+    raise AttributeError(f"module 'maskattn.dist' has no attribute {name!r}")
