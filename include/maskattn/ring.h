@@ -43,20 +43,20 @@ struct RingOptions {
 // What one rank did in a ring run (filled when asked for): for benchmarks, docs and the tests
 // that check that hidden slice pairs cost nothing.
 struct RingStats {
-  int64_t pairs_computed = 0;   // (query chunk, key chunk) calls made
-  int64_t pairs_skipped = 0;    // calls the mask made unnecessary
-  int64_t allowed_pairs = 0;    // (b, h, i, j) pairs this rank's queries attend (load balance)
-  int64_t bytes_sent = 0;       // K/V (and dK/dV) bytes this rank sent
-  double compute_seconds = 0;   // time in attention()/attention_backward()
-  double wait_seconds = 0;      // time waiting for messages after compute finished
+  int64_t pairs_computed = 0;  // (query chunk, key chunk) calls made
+  int64_t pairs_skipped = 0;   // calls the mask made unnecessary
+  int64_t allowed_pairs = 0;   // (b, h, i, j) pairs this rank's queries attend (load balance)
+  int64_t bytes_sent = 0;      // K/V (and dK/dV) bytes this rank sent
+  double compute_seconds = 0;  // time in attention()/attention_backward()
+  double wait_seconds = 0;     // time waiting for messages after compute finished
 };
 
 // All P ranks in one process, on the global tensors (q [B,Hq,Nq,D], k/v [B,Hkv,Nk,·], out
 // [B,Hq,Nq,Dv]); `stats`, when given, receives one entry per rank.
 void ring_emulation(int world, const TensorView& q, const TensorView& k, const TensorView& v,
-                    const MutableTensorView& out, const Mask& mask = {},
-                    const ScoreMods& mods = {}, const RingOptions& options = {},
-                    const MutableTensorView& lse = {}, std::vector<RingStats>* stats = nullptr);
+                    const MutableTensorView& out, const Mask& mask = {}, const ScoreMods& mods = {},
+                    const RingOptions& options = {}, const MutableTensorView& lse = {},
+                    std::vector<RingStats>* stats = nullptr);
 
 void ring_emulation_backward(int world, const TensorView& q, const TensorView& k,
                              const TensorView& v, const TensorView& out, const TensorView& lse,
