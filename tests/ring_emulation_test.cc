@@ -80,8 +80,12 @@ TEST(RingEmulation, OneRankIsBitwiseOneCall) {
       EXPECT_TRUE(got.dq.same_bits(want.dq)) << c.name;
       EXPECT_TRUE(got.dk.same_bits(want.dk)) << c.name;
       EXPECT_TRUE(got.dv.same_bits(want.dv)) << c.name;
-      if (!c.mods.sinks.empty()) EXPECT_TRUE(got.dsinks.same_bits(want.dsinks)) << c.name;
-      if (c.mods.bias) EXPECT_TRUE(got.dbias.same_bits(want.dbias)) << c.name;
+      if (!c.mods.sinks.empty()) {
+        EXPECT_TRUE(got.dsinks.same_bits(want.dsinks)) << c.name;
+      }
+      if (c.mods.bias) {
+        EXPECT_TRUE(got.dbias.same_bits(want.dbias)) << c.name;
+      }
     }
   }
 }
