@@ -31,8 +31,10 @@ struct RowRange {
 };
 
 // The global rows rank `rank` of `world` holds, in the order they are stacked locally: one range
-// (contiguous) or two (zigzag). Sizes differ by at most one row between chunks. Callers use it to
-// place RoPE positions and to cut their inputs.
+// (contiguous) or two (zigzag; one when the two chunks touch, as for rank P−1 and for P = 1).
+// Sizes differ by at most one row between chunks, whatever N is. Every rank must hold a row: a
+// global_len below `world`, or a zigzag cut of fewer than 2P rows that leaves a rank empty, is an
+// Error (E113). Callers use it to place RoPE positions and to cut their inputs.
 std::vector<RowRange> local_ranges(int64_t global_len, Layout layout, int rank, int world);
 
 struct RingOptions {
@@ -43,20 +45,21 @@ struct RingOptions {
 // What one rank did in a ring run (filled when asked for): for benchmarks, docs and the tests
 // that check that hidden slice pairs cost nothing.
 struct RingStats {
-  int64_t pairs_computed = 0;   // (query chunk, key chunk) calls made
-  int64_t pairs_skipped = 0;    // calls the mask made unnecessary
-  int64_t allowed_pairs = 0;    // (b, h, i, j) pairs this rank's queries attend (load balance)
-  int64_t bytes_sent = 0;       // K/V (and dK/dV) bytes this rank sent
-  double compute_seconds = 0;   // time in attention()/attention_backward()
-  double wait_seconds = 0;      // time waiting for messages after compute finished
+  int64_t pairs_computed = 0;  // (query chunk, key chunk) calls made
+  int64_t pairs_skipped = 0;   // calls the mask made unnecessary
+  int64_t allowed_pairs = 0;   // (b, h, i, j) pairs this rank's queries attend (load balance;
+                              // counted from the mask, O(B·Hq·Nq·Nk): only when stats are asked)
+  int64_t bytes_sent = 0;      // K/V (and dK/dV) bytes this rank sent
+  double compute_seconds = 0;  // time in attention()/attention_backward()
+  double wait_seconds = 0;     // time waiting for messages after compute finished
 };
 
 // All P ranks in one process, on the global tensors (q [B,Hq,Nq,D], k/v [B,Hkv,Nk,·], out
 // [B,Hq,Nq,Dv]); `stats`, when given, receives one entry per rank.
 void ring_emulation(int world, const TensorView& q, const TensorView& k, const TensorView& v,
-                    const MutableTensorView& out, const Mask& mask = {},
-                    const ScoreMods& mods = {}, const RingOptions& options = {},
-                    const MutableTensorView& lse = {}, std::vector<RingStats>* stats = nullptr);
+                    const MutableTensorView& out, const Mask& mask = {}, const ScoreMods& mods = {},
+                    const RingOptions& options = {}, const MutableTensorView& lse = {},
+                    std::vector<RingStats>* stats = nullptr);
 
 void ring_emulation_backward(int world, const TensorView& q, const TensorView& k,
                              const TensorView& v, const TensorView& out, const TensorView& lse,
