@@ -319,10 +319,14 @@ TEST(RingMpi, E119_ABackwardWithoutLseOnOneRankFailsEveryRank) {
 }  // namespace maskattn::test
 
 // MPI around GoogleTest: every rank runs every test; the exit code is non-zero when any rank
-// failed, so mpirun (and ctest) fail.
+// failed, so mpirun (and ctest) fail. --thread-single initialises MPI without thread support, to
+// test the ring's fallback (compute, then wait).
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int required = MPI_THREAD_FUNNELED, provided = 0;
+  for (int n = 1; n < argc; ++n) {
+    if (std::string(argv[n]) == "--thread-single") required = MPI_THREAD_SINGLE;
+  }
+  MPI_Init_thread(&argc, &argv, required, &provided);
   testing::InitGoogleTest(&argc, argv);
   const int local = RUN_ALL_TESTS();
   int any = 0;
