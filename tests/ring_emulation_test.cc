@@ -134,6 +134,7 @@ TEST(RingEmulation, ZigzagBalancesCausalWork) {
     std::vector<dist::RingStats> stats;
     RingOptions options;
     options.layout = layout;
+    options.count_allowed_pairs = true;
     dist::ring_emulation(4, p.q(), p.k(), p.v(), out.view(), c.mask, {}, options, {}, &stats);
     ASSERT_EQ(stats.size(), 4u);
     int64_t least = stats[0].allowed_pairs, most = least, total = 0;

@@ -102,6 +102,7 @@ void check_case(const RingCase& c, Layout layout) {
   RingOptions options;
   options.layout = layout;
   options.base.threads = 1;
+  options.count_allowed_pairs = true;
 
   // The oracle: the emulator (and with one rank, the plain calls).
   Whole want(p);

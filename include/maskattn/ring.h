@@ -40,6 +40,9 @@ std::vector<RowRange> local_ranges(int64_t global_len, Layout layout, int rank, 
 struct RingOptions {
   Options base;  // scale, kernel, threads, products; base.frame must be the default
   Layout layout = Layout::zigzag;
+  // Fill RingStats::allowed_pairs (otherwise −1). Costs O(B·Hq·Nq·Nk) mask evaluations per rank
+  // (the whole grid of each head is built): for load-balance studies on modest N, not for runs.
+  bool count_allowed_pairs = false;
 };
 
 // What one rank did in a ring run (filled when asked for): for benchmarks, docs and the tests
@@ -47,8 +50,8 @@ struct RingOptions {
 struct RingStats {
   int64_t pairs_computed = 0;  // (query chunk, key chunk) calls made
   int64_t pairs_skipped = 0;   // calls the mask made unnecessary
-  int64_t allowed_pairs = 0;   // (b, h, i, j) pairs this rank's queries attend (load balance;
-                              // counted from the mask, O(B·Hq·Nq·Nk): only when stats are asked)
+  int64_t allowed_pairs = -1;  // (b, h, i, j) pairs this rank's queries attend (load balance;
+                               // RingOptions::count_allowed_pairs)
   int64_t bytes_sent = 0;      // K/V (and dK/dV) bytes this rank sent
   double compute_seconds = 0;  // time in attention()/attention_backward()
   double wait_seconds = 0;     // time waiting for messages after compute finished

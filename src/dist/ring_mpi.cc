@@ -301,12 +301,13 @@ std::vector<char> pack_own(const Ring& ring, const RingSchedule& schedule, const
 
 void fill_stats(RingStats* stats, const RingStats& counted, int64_t calls, int64_t skipped,
                 double compute_seconds, const Mask& mask, const TensorView& q, int64_t q_len,
-                int64_t k_len, const std::vector<RowRange>& q_rows) {
+                int64_t k_len, const std::vector<RowRange>& q_rows, bool count_pairs) {
   if (stats == nullptr) return;
   *stats = counted;
   stats->pairs_computed = calls;
   stats->pairs_skipped = skipped;
   stats->compute_seconds = compute_seconds;
+  if (!count_pairs) return;
   stats->allowed_pairs =
       detail::count_allowed_pairs(mask, q.size(0), q.size(1), q_len, k_len, q_rows);
 }
@@ -342,7 +343,7 @@ void ring_attention(MPI_Comm comm, int64_t global_q_len, int64_t global_k_len, c
   detail::agree_or_throw(comm, who, error);
   state.finish(local_blocks(out, q_rows), local_blocks(lse, q_rows));
   fill_stats(stats, counted, state.calls, state.skipped, state.compute_seconds, mask, q,
-             global_q_len, global_k_len, q_rows);
+             global_q_len, global_k_len, q_rows, options.count_allowed_pairs);
 }
 
 namespace {
@@ -477,7 +478,7 @@ void ring_attention_backward(MPI_Comm comm, int64_t global_q_len, int64_t global
   if (!grads.dsinks.is_null()) detail::store_f32(dsinks.data(), grads.dsinks, grads.accumulate);
   if (!grads.dbias.is_null()) detail::store_f32(dbias.data(), grads.dbias, grads.accumulate);
   fill_stats(stats, counted, state.calls, state.skipped, state.compute_seconds, mask, q,
-             global_q_len, global_k_len, q_rows);
+             global_q_len, global_k_len, q_rows, options.count_allowed_pairs);
 }
 
 }  // namespace maskattn::dist
