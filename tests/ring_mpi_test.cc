@@ -106,7 +106,7 @@ void check_case(const RingCase& c, Layout layout) {
 
   // The oracle: the emulator (and with one rank, the plain calls).
   Whole want(p);
-  std::vector<dist::RingStats> want_stats;
+  std::vector<dist::RingStats> want_stats, want_backward_stats;
   if (world == 1) {
     attention(p.q(), p.k(), p.v(), want.out.view(), c.mask, c.mods, options.base, want.lse.view());
   } else {
@@ -119,7 +119,8 @@ void check_case(const RingCase& c, Layout layout) {
                        c.mask, c.mods, options.base);
   } else {
     dist::ring_emulation_backward(world, p.q(), p.k(), p.v(), want.out.view(), want.lse.view(),
-                                  p.dout(), want_grads, c.mask, c.mods, options);
+                                  p.dout(), want_grads, c.mask, c.mods, options,
+                                  &want_backward_stats);
   }
 
   // The ring, on this rank's shards.
@@ -145,7 +146,11 @@ void check_case(const RingCase& c, Layout layout) {
   dist::ring_attention_backward(MPI_COMM_WORLD, c.q_len, c.k_len, view_of(shards.q),
                                 view_of(shards.k), view_of(shards.v), view_of(out), view_of(lse),
                                 view_of(shards.dout), gradients(c, dq, dk, dv, got), c.mask, c.mods,
-                                options);
+                                options, &stats);
+  if (world > 1) {
+    EXPECT_EQ(stats.bytes_sent, want_backward_stats[world_rank()].bytes_sent) << what;
+    EXPECT_EQ(stats.pairs_computed, want_backward_stats[world_rank()].pairs_computed) << what;
+  }
   EXPECT_TRUE(dq.same_bits(stacked_rows(view_of(want.dq), q_rows))) << what << " dq";
   EXPECT_TRUE(dk.same_bits(stacked_rows(view_of(want.dk), k_rows))) << what << " dk";
   EXPECT_TRUE(dv.same_bits(stacked_rows(view_of(want.dv), k_rows))) << what << " dv";
