@@ -31,13 +31,18 @@ struct RowRange {
 };
 
 // The global rows rank `rank` of `world` holds, in the order they are stacked locally: one range
-// (contiguous) or two (zigzag). Sizes differ by at most one row between chunks. Callers use it to
-// place RoPE positions and to cut their inputs.
+// (contiguous) or two (zigzag; one when the two chunks touch, as for rank P−1 and for P = 1).
+// Sizes differ by at most one row between chunks, whatever N is. Every rank must hold a row: a
+// global_len below `world`, or a zigzag cut of fewer than 2P rows that leaves a rank empty, is an
+// Error (E113). Callers use it to place RoPE positions and to cut their inputs.
 std::vector<RowRange> local_ranges(int64_t global_len, Layout layout, int rank, int world);
 
 struct RingOptions {
   Options base;  // scale, kernel, threads, products; base.frame must be the default
   Layout layout = Layout::zigzag;
+  // Fill RingStats::allowed_pairs (otherwise −1). Costs O(B·Hq·Nq·Nk) mask evaluations per rank
+  // (the whole grid of each head is built): for load-balance studies on modest N, not for runs.
+  bool count_allowed_pairs = false;
 };
 
 // What one rank did in a ring run (filled when asked for): for benchmarks, docs and the tests
@@ -45,7 +50,8 @@ struct RingOptions {
 struct RingStats {
   int64_t pairs_computed = 0;  // (query chunk, key chunk) calls made
   int64_t pairs_skipped = 0;   // calls the mask made unnecessary
-  int64_t allowed_pairs = 0;   // (b, h, i, j) pairs this rank's queries attend (load balance)
+  int64_t allowed_pairs = -1;  // (b, h, i, j) pairs this rank's queries attend (load balance;
+                               // RingOptions::count_allowed_pairs)
   int64_t bytes_sent = 0;      // K/V (and dK/dV) bytes this rank sent
   double compute_seconds = 0;  // time in attention()/attention_backward()
   double wait_seconds = 0;     // time waiting for messages after compute finished

@@ -32,9 +32,11 @@ void require_gradient(const char* who, const TensorView& g, const char* name,
                       const TensorView& like) {
   if (g.is_null() || g.sizes() != like.sizes() ||
       (g.dtype() != like.dtype() && g.dtype() != DType::f32)) {
+    const std::string dtypes = like.dtype() == DType::f32
+                                   ? std::string("f32")
+                                   : std::string(dtype_name(like.dtype())) + " or f32";
     throw Error(prefix(who) + name + " is " + (g.is_null() ? "null" : g.shape_string()) + " " +
-                dtype_name(g.dtype()) + "; it must be " + like.shape_string() + " " +
-                dtype_name(like.dtype()) + " or f32");
+                dtype_name(g.dtype()) + "; it must be " + like.shape_string() + " " + dtypes);
   }
 }
 

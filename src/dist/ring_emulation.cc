@@ -61,7 +61,7 @@ struct PackedOrigins {
 void fill_stats(std::vector<RingStats>* stats, const RingSchedule& schedule, const Mask& mask,
                 const TensorView& q, int64_t k_len, const std::vector<int64_t>& calls,
                 const std::vector<int64_t>& skipped, const std::vector<double>& seconds,
-                const std::vector<int64_t>& bytes) {
+                const std::vector<int64_t>& bytes, bool count_pairs) {
   if (stats == nullptr) return;
   stats->assign(schedule.world(), {});
   for (int r = 0; r < schedule.world(); ++r) {
@@ -70,6 +70,7 @@ void fill_stats(std::vector<RingStats>* stats, const RingSchedule& schedule, con
     s.pairs_skipped = skipped[r];
     s.compute_seconds = seconds[r];
     s.bytes_sent = bytes[r];
+    if (!count_pairs) continue;
     s.allowed_pairs = detail::count_allowed_pairs(mask, q.size(0), q.size(1), q.size(2), k_len,
                                                   schedule.q_blocks(r));
   }
@@ -128,7 +129,7 @@ void ring_emulation(int world, const TensorView& q, const TensorView& k, const T
     seconds.push_back(ranks[r].compute_seconds);
   }
   fill_stats(stats, schedule, mask, q, k_len, calls, skipped, seconds,
-             bytes_sent(schedule, packed.packing, false));
+             bytes_sent(schedule, packed.packing, false), options.count_allowed_pairs);
 }
 
 void ring_emulation_backward(int world, const TensorView& q, const TensorView& k,
@@ -207,7 +208,7 @@ void ring_emulation_backward(int world, const TensorView& q, const TensorView& k
   if (!grads.dsinks.is_null()) detail::store_f32(dsinks, grads.dsinks, grads.accumulate);
   if (!grads.dbias.is_null()) detail::store_f32(dbias, grads.dbias, grads.accumulate);
   fill_stats(stats, schedule, mask, q, k_len, calls, skipped, seconds,
-             bytes_sent(schedule, packing, true));
+             bytes_sent(schedule, packing, true), options.count_allowed_pairs);
 }
 
 }  // namespace maskattn::dist

@@ -121,23 +121,27 @@ class Exchange {
   std::vector<MPI_Request> requests_;
 };
 
-// One ring run's communication context.
-struct Ring {
-  MPI_Comm comm;
+// One ring run's communication context: a duplicate of the caller's communicator, so that the
+// ring's messages (tags 0–6) can never match a message of the caller's own.
+class Ring {
+ public:
+  Ring(MPI_Comm caller, const char* who) {
+    std::tie(rank, world) = detail::rank_and_world(caller, who);
+    MPI_Comm_dup(caller, &comm);
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    threaded = provided >= MPI_THREAD_FUNNELED;
+  }
+  ~Ring() { MPI_Comm_free(&comm); }
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
+
+  MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, world = 1;
   bool threaded = false;  // MPI_THREAD_FUNNELED or better: compute on a worker, poll here
   int left() const { return (rank - 1 + world) % world; }
   int right() const { return (rank + 1) % world; }
 };
-
-Ring open_ring(MPI_Comm comm, const char* who) {
-  Ring ring{comm};
-  std::tie(ring.rank, ring.world) = detail::rank_and_world(comm, who);
-  int provided = MPI_THREAD_SINGLE;
-  MPI_Query_thread(&provided);
-  ring.threaded = provided >= MPI_THREAD_FUNNELED;
-  return ring;
-}
 
 // Runs `compute` while the exchange progresses (see the essay); records the first error instead
 // of throwing, and the time spent waiting for messages after the compute finished.
@@ -301,12 +305,13 @@ std::vector<char> pack_own(const Ring& ring, const RingSchedule& schedule, const
 
 void fill_stats(RingStats* stats, const RingStats& counted, int64_t calls, int64_t skipped,
                 double compute_seconds, const Mask& mask, const TensorView& q, int64_t q_len,
-                int64_t k_len, const std::vector<RowRange>& q_rows) {
+                int64_t k_len, const std::vector<RowRange>& q_rows, bool count_pairs) {
   if (stats == nullptr) return;
   *stats = counted;
   stats->pairs_computed = calls;
   stats->pairs_skipped = skipped;
   stats->compute_seconds = compute_seconds;
+  if (!count_pairs) return;
   stats->allowed_pairs =
       detail::count_allowed_pairs(mask, q.size(0), q.size(1), q_len, k_len, q_rows);
 }
@@ -318,7 +323,7 @@ void ring_attention(MPI_Comm comm, int64_t global_q_len, int64_t global_k_len, c
                     const Mask& mask, const ScoreMods& mods, const RingOptions& options,
                     const MutableTensorView& lse, RingStats* stats) {
   const char* who = "ring_attention";
-  const Ring ring = open_ring(comm, who);
+  const Ring ring(comm, who);
   const detail::RingInputs in{q, k, v, out, lse, {}, {}};
   const RingSchedule schedule =
       checked_schedule(ring, who, false, global_q_len, global_k_len, in, mask, mods, options);
@@ -332,17 +337,17 @@ void ring_attention(MPI_Comm comm, int64_t global_q_len, int64_t global_k_len, c
   std::string error;
   RingStats counted;
   for (int s = 0; s < ring.world; ++s) {
-    Exchange exchange(comm);
+    Exchange exchange(ring.comm);
     const auto held = post_kv(ring, schedule, packing, s, current, next, exchange);
     overlap(
         ring, exchange, [&] { state.run_step(s, held); }, error, counted);
     counted.bytes_sent += exchange.bytes_sent;
     std::swap(current, next);
   }
-  detail::agree_or_throw(comm, who, error);
+  detail::agree_or_throw(ring.comm, who, error);
   state.finish(local_blocks(out, q_rows), local_blocks(lse, q_rows));
   fill_stats(stats, counted, state.calls, state.skipped, state.compute_seconds, mask, q,
-             global_q_len, global_k_len, q_rows);
+             global_q_len, global_k_len, q_rows, options.count_allowed_pairs);
 }
 
 namespace {
@@ -376,7 +381,7 @@ void ring_attention_backward(MPI_Comm comm, int64_t global_q_len, int64_t global
                              const Gradients& grads, const Mask& mask, const ScoreMods& mods,
                              const RingOptions& options, RingStats* stats) {
   const char* who = "ring_attention_backward";
-  const Ring ring = open_ring(comm, who);
+  const Ring ring(comm, who);
   const detail::RingInputs in{q, k, v, out, lse, dout, grads};
   const RingSchedule schedule =
       checked_schedule(ring, who, true, global_q_len, global_k_len, in, mask, mods, options);
@@ -392,7 +397,7 @@ void ring_attention_backward(MPI_Comm comm, int64_t global_q_len, int64_t global
 
   // The own blocks' accumulators come home from their last hop (posted first, waited last).
   GradTravel travel;
-  Exchange home(comm);
+  Exchange home(ring.comm);
   for (size_t b = 0; b < own_k.size(); ++b) {
     travel.own.emplace_back(own_k[b].size() * grad_per_row);
     const int hops = schedule.last_hop(ring.rank, static_cast<int>(b));
@@ -404,7 +409,7 @@ void ring_attention_backward(MPI_Comm comm, int64_t global_q_len, int64_t global
   std::vector<char> current = pack_own(ring, schedule, packing, k, v), next;
   std::string error;
   RingStats counted;
-  Exchange exchange(comm);  // carries the accumulator sends of one step into the next
+  Exchange exchange(ring.comm);  // carries the accumulator sends of one step into the next
   for (int s = 0; s < ring.world; ++s) {
     const RingStep& plan = schedule.step(ring.rank, s);
     const auto held = post_kv(ring, schedule, packing, s, current, next, exchange);
@@ -428,7 +433,7 @@ void ring_attention_backward(MPI_Comm comm, int64_t global_q_len, int64_t global
     overlap(
         ring, exchange, [&] { state.run_step(s, held, step_grads); }, error, counted);
     counted.bytes_sent += exchange.bytes_sent;
-    exchange = Exchange(comm);
+    exchange = Exchange(ring.comm);
     std::swap(current, next);
 
     // accumulator = what came from the left + this step's share; then on, or home.
@@ -459,7 +464,7 @@ void ring_attention_backward(MPI_Comm comm, int64_t global_q_len, int64_t global
       counted.wait_seconds += seconds_since(start);
     }
   }
-  detail::agree_or_throw(comm, who, error);
+  detail::agree_or_throw(ring.comm, who, error);
 
   std::vector<float> dsinks = state.dsinks.values, dbias = state.dbias.values;
   if (!grads.dsinks.is_null()) sum_in_rank_order(ring, dsinks);
@@ -477,7 +482,7 @@ void ring_attention_backward(MPI_Comm comm, int64_t global_q_len, int64_t global
   if (!grads.dsinks.is_null()) detail::store_f32(dsinks.data(), grads.dsinks, grads.accumulate);
   if (!grads.dbias.is_null()) detail::store_f32(dbias.data(), grads.dbias, grads.accumulate);
   fill_stats(stats, counted, state.calls, state.skipped, state.compute_seconds, mask, q,
-             global_q_len, global_k_len, q_rows);
+             global_q_len, global_k_len, q_rows, options.count_allowed_pairs);
 }
 
 }  // namespace maskattn::dist

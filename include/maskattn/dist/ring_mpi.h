@@ -2,6 +2,12 @@
 // Every rank passes its local shards (the rows local_ranges() gives it, stacked in that order)
 // and the same global mask and modifiers; K/V travel around the ring with non-blocking sends,
 // overlapped with compute. Bad input on any rank fails every rank with the same Error.
+//
+// Collective over `comm`: every rank calls with the same global problem (lengths, mask, modifiers,
+// options). Call from the thread that initialised MPI; with MPI_Init_thread at
+// MPI_THREAD_FUNNELED or above a worker thread computes while this one progresses the messages
+// (overlap); below it the ring computes, then waits (no overlap, same results). The results are
+// the same bits as ring_emulation's rows of this rank, for any thread count.
 #pragma once
 
 #include <mpi.h>
