@@ -192,6 +192,42 @@ void print_thresholds(const bench::ModelShape& shape, const bench::Cluster& clus
       base, bench::window_break_even(shape, cluster, costs));
 }
 
+// Times the three slice pairs and merge_partials here, prints them, and returns what a pair
+// costs in the partial slice pairs relative to the full one.
+bench::PairCosts measure_here(const bench::ModelShape& shape, int64_t chunk, int threads,
+                              int repeat) {
+  PairTimer timer(shape, chunk, threads, repeat);
+  const int64_t two = 2 * chunk;
+  const SlicePair pairs[] = {
+      {"dense (causal, keys before queries)", Mask().causal(), 0, two},
+      {"causal diagonal", Mask().causal(), 1, two},
+      {"sliding-window edge, W = c/2", Mask().window(chunk / 2, 0), 0, chunk / 2},
+  };
+  std::printf(
+      "\nper-step compute here: queries [c, 2c) of a 2c-token problem (Options::frame), "
+      "c = %lld, median of %d\n",
+      static_cast<long long>(chunk), repeat);
+  std::printf("  %-38s %14s %10s %10s %16s\n", "slice pair", "allowed pairs", "time", "GF/s",
+              "cost/pair vs full");
+  std::vector<Measured> measured;
+  for (const SlicePair& pair : pairs) measured.push_back(timer.time(pair));
+  const double flops_per_pair = 4.0 * static_cast<double>(shape.dim * shape.q_heads);
+  const double full_cost = measured[0].seconds / measured[0].pairs;
+  for (size_t p = 0; p < measured.size(); ++p) {
+    std::printf("  %-38s %14.0f %10s %10.1f %16.2f\n", pairs[p].name, measured[p].pairs,
+                seconds_text(measured[p].seconds).c_str(),
+                measured[p].pairs * flops_per_pair / measured[p].seconds * 1e-9,
+                measured[p].seconds / measured[p].pairs / full_cost);
+  }
+  const double merge = timer.time_merge();
+  std::printf("  merge_partials of two parts (%lld rows): %s = %.1f%% of the full pair\n",
+              static_cast<long long>(chunk), seconds_text(merge).c_str(),
+              100 * merge / measured[0].seconds);
+
+  return {measured[1].seconds / measured[1].pairs / full_cost,
+          measured[2].seconds / measured[2].pairs / full_cost};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -249,36 +285,7 @@ int main(int argc, char** argv) {
         cpu.model.c_str(), std::thread::hardware_concurrency(), cpu.simd_target.c_str(),
         threads > 0 ? std::to_string(threads).c_str() : "all");
 
-    PairTimer timer(shape, chunk, threads, repeat);
-    const int64_t two = 2 * chunk;
-    const SlicePair pairs[] = {
-        {"dense (causal, keys before queries)", Mask().causal(), 0, two},
-        {"causal diagonal", Mask().causal(), 1, two},
-        {"sliding-window edge, W = c/2", Mask().window(chunk / 2, 0), 0, chunk / 2},
-    };
-    std::printf(
-        "\nper-step compute here: queries [c, 2c) of a 2c-token problem (Options::frame), "
-        "c = %lld, median of %d\n",
-        static_cast<long long>(chunk), repeat);
-    std::printf("  %-38s %14s %10s %10s %16s\n", "slice pair", "allowed pairs", "time", "GF/s",
-                "cost/pair vs full");
-    std::vector<Measured> measured;
-    for (const SlicePair& pair : pairs) measured.push_back(timer.time(pair));
-    const double flops_per_pair = 4.0 * static_cast<double>(shape.dim * shape.q_heads);
-    const double full_cost = measured[0].seconds / measured[0].pairs;
-    for (size_t p = 0; p < measured.size(); ++p) {
-      std::printf("  %-38s %14.0f %10s %10.1f %16.2f\n", pairs[p].name, measured[p].pairs,
-                  seconds_text(measured[p].seconds).c_str(),
-                  measured[p].pairs * flops_per_pair / measured[p].seconds * 1e-9,
-                  measured[p].seconds / measured[p].pairs / full_cost);
-    }
-    const double merge = timer.time_merge();
-    std::printf("  merge_partials of two parts (%lld rows): %s = %.1f%% of the full pair\n",
-                static_cast<long long>(chunk), seconds_text(merge).c_str(),
-                100 * merge / measured[0].seconds);
-
-    const bench::PairCosts costs{measured[1].seconds / measured[1].pairs / full_cost,
-                                 measured[2].seconds / measured[2].pairs / full_cost};
+    const bench::PairCosts costs = measure_here(shape, chunk, threads, repeat);
     std::printf(
         "\ncluster: F = %.3g TF/s per node on full slice pairs (partial ones at the costs "
         "above), beta = %.3g GB/s, alpha = %.3g us, one rank per node, W = %lld\n",
