@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -83,6 +84,15 @@ struct RingFiles {
   }
 };
 
+// The `ring_stats` line of `text` that holds `part` ("" when none does).
+std::string stats_line(const std::string& text, const std::string& part) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("ring_stats ", 0) == 0 && line.find(part) != std::string::npos) return line;
+  }
+  return "";
+}
+
 void expect_success(const test::CliResult& result) {
   ASSERT_EQ(result.exit_code, 0) << result.err;
 }
@@ -98,9 +108,20 @@ TEST(CliRing, AttendZigzagCausalGqaMatchesSingleProcess) {
 TEST(CliRing, AttendContiguousWindowOneHeadFilesThreeRanks) {
   const RingFiles files({40, 8}, {40, 8});  // [L, D] files
   expect_success(test::run_cli(files.attend("single", "--mask sliding-window:6")));
-  expect_success(run_ring(3, files.attend("ring", "--mask sliding-window:6 --ring contiguous")));
+  const test::CliResult ring =
+      run_ring(3, files.attend("ring", "--mask sliding-window:6 --ring contiguous --ring-stats"));
+  expect_success(ring);
   files.expect_same("out", 1e-5f);
   files.expect_same("lse", 1e-5f);
+  // --ring-stats: one line per rank; a window of 6 < 13 rows per rank: no rank sends further
+  // than its neighbour, and the last rank sends nothing (no later rank needs its keys).
+  for (const char* rank :
+       {"rank=0 world=3 rows=13", "rank=1 world=3 rows=13", "rank=2 world=3 rows=14"}) {
+    EXPECT_NE(stats_line(ring.err, std::string("pass=forward ") + rank), "") << ring.err;
+  }
+  const std::string last = stats_line(ring.err, "pass=forward rank=2 ");
+  EXPECT_NE(last.find(" calls=2 "), std::string::npos) << last;
+  EXPECT_NE(last.find(" bytes_sent=0 "), std::string::npos) << last;
 }
 
 TEST(CliRing, AttendFloat16FilesDefaultLayoutCrossAttention) {
@@ -114,8 +135,22 @@ TEST(CliRing, AttendFloat16FilesDefaultLayoutCrossAttention) {
 TEST(CliRing, GradZigzagCausalMatchesSingleProcess) {
   const RingFiles files({1, 4, 33, 8}, {1, 2, 33, 8});
   expect_success(test::run_cli(files.grad("single", "--mask causal")));
-  expect_success(run_ring(2, files.grad("ring", "--mask causal --ring zigzag")));
+  const test::CliResult ring =
+      run_ring(2, files.grad("ring", "--mask causal --ring zigzag --ring-stats pairs"));
+  expect_success(ring);
   for (const char* name : {"dq", "dk", "dv"}) files.expect_same(name, 1e-5f);
+  // Zigzag cuts 33 rows into chunks [0,8) [8,16) [16,24) [24,33): rank 0 holds 0–7 and 24–32,
+  // rank 1 holds 8–23; with 4 heads they attend 4·(1+…+8 + 25+…+33) = 1188 and
+  // 4·(9+…+24) = 1056 pairs (the odd row is the difference).
+  EXPECT_NE(stats_line(ring.err, "pass=forward rank=0 world=2 rows=17").find("allowed_pairs=1188 "),
+            std::string::npos)
+      << ring.err;
+  EXPECT_NE(stats_line(ring.err, "pass=forward rank=1 world=2 rows=16").find("allowed_pairs=1056 "),
+            std::string::npos)
+      << ring.err;
+  EXPECT_NE(stats_line(ring.err, "pass=backward rank=0 ").find("bytes_sent="), std::string::npos);
+  EXPECT_NE(stats_line(ring.err, "pass=backward rank=1 ").find("bytes_sent="), std::string::npos);
+  EXPECT_EQ(std::count(ring.err.begin(), ring.err.end(), '\n'), 4) << ring.err;
 }
 
 TEST(CliRing, BadInputFailsEveryRankAndWritesNothing) {

@@ -1,4 +1,4 @@
-// The bad-input catalogue's rows for `attend --ring` / `grad --ring` (docs/errors.md E120–E121),
+// The bad-input catalogue's rows for `attend --ring` / `grad --ring` (docs/errors.md E120–E122),
 // compiled into errors_test so that its catalogue check sees them. The ring's own errors
 // (E113–E119) are the library's; these are the command line's.
 #include <filesystem>
@@ -49,6 +49,13 @@ TEST(Errors, E121_RingWithWholeProblemOptions) {
   expect_ring_cli_error(dir, "--ring --heatmap " + dir.path("h.svg"),
                         "--heatmap cannot be combined with --ring");
   EXPECT_FALSE(std::filesystem::exists(dir.path("w.npy")));
+}
+
+TEST(Errors, E122_RingStatsWithoutRing) {
+  test::TempDir dir;
+  write_npy(dir.path("q.npy"), NpyArray::from_floats(test::random_values(12, 9), {1, 3, 4}));
+  expect_ring_cli_error(dir, "--ring-stats", "--ring-stats needs --ring");
+  expect_ring_cli_error(dir, "--ring-stats pairs", "--ring-stats needs --ring");
 }
 
 }  // namespace

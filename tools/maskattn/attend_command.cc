@@ -81,6 +81,7 @@ void write_weights_heatmap(const Computation& c, const std::string& path,
 }  // namespace
 
 int run_attend(const AttendArgs& args) {
+  require_ring_for_stats(args.ring, args.ring_stats);
   if (!args.ring.empty()) {
     // These need the whole problem in one process; a rank holds only its rows.
     for (const auto& [given, flag] : {std::pair{!args.weights.empty(), "--weights"},
@@ -166,7 +167,7 @@ Command add_attend_command(CLI::App& app) {
                       "FILE.svg (hidden pairs hatched grey)");
   command->add_option("--tokens", args->tokens,
                       "heatmap labels: a text file of whitespace-separated tokens, one per key");
-  add_ring_option(command, args->ring);
+  add_ring_options(command, args->ring, args->ring_stats);
   command->footer(mask_spec_help());
   return {command, [args] { return run_attend(*args); }};
 }

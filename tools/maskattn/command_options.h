@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "maskattn/error.h"
+
 namespace maskattn::cli {
 
 inline CLI::Option* add_mask_option(CLI::App* command, std::vector<std::string>& masks,
@@ -41,9 +43,10 @@ inline CLI::Option* add_products_option(CLI::App* command, std::string& products
 }
 
 // --ring [zigzag|contiguous] of attend and grad: run as one rank of a ring under mpirun
-// (docs/distributed.md). Without a value: zigzag.
-inline CLI::Option* add_ring_option(CLI::App* command, std::string& ring) {
-  return command
+// (docs/distributed.md). Without a value: zigzag. --ring-stats [basic|pairs]: each rank's
+// RingStats on stderr (pairs: also count its allowed pairs, O(B·H·N²) work).
+inline void add_ring_options(CLI::App* command, std::string& ring, std::string& ring_stats) {
+  command
       ->add_option("--ring", ring,
                    "run as one rank of ring attention under mpirun -np P: zigzag (default) or "
                    "contiguous layout; each rank reads and writes only its rows "
@@ -51,6 +54,20 @@ inline CLI::Option* add_ring_option(CLI::App* command, std::string& ring) {
       ->expected(0, 1)
       ->default_str("zigzag")
       ->check(CLI::IsMember({"zigzag", "contiguous"}));
+  command
+      ->add_option("--ring-stats", ring_stats,
+                   "with --ring: print one 'ring_stats' line per rank on stderr (calls, bytes "
+                   "sent, compute and wait seconds); 'pairs' also counts allowed pairs (slow)")
+      ->expected(0, 1)
+      ->default_str("basic")
+      ->check(CLI::IsMember({"basic", "pairs"}));
+}
+
+// --ring-stats describes a ring: without --ring it is an error (errors.md E122).
+inline void require_ring_for_stats(const std::string& ring, const std::string& ring_stats) {
+  if (!ring_stats.empty() && ring.empty()) {
+    throw Error("--ring-stats needs --ring: it reports the ranks of a ring run under mpirun");
+  }
 }
 
 // What the shared compute options say in --help where a command words them its own way.

@@ -43,11 +43,12 @@ struct AttendArgs {
   int threads = 0;
   std::string kernel = "auto";
   std::string products = "auto";  // bf16 product unit (attention.h: Products)
-  int repeat = 0;       // > 0: one warm-up, then `repeat` timed runs, timing printed on stderr
-  bool report = false;  // print the numeric health report
-  std::string heatmap;  // FILE.png|svg: the weights, one panel per (b, h); empty = none
-  std::string tokens;   // labels for the heatmap's rows and columns
-  std::string ring;     // "zigzag" | "contiguous": run as one rank of a ring (mpirun); "" = not
+  int repeat = 0;          // > 0: one warm-up, then `repeat` timed runs, timing printed on stderr
+  bool report = false;     // print the numeric health report
+  std::string heatmap;     // FILE.png|svg: the weights, one panel per (b, h); empty = none
+  std::string tokens;      // labels for the heatmap's rows and columns
+  std::string ring;        // "zigzag" | "contiguous": run as one rank of a ring (mpirun); "" = not
+  std::string ring_stats;  // "basic" | "pairs": print each rank's RingStats; "" = not
 };
 int run_attend(const AttendArgs& args);
 // attend --ring / grad --ring (ring_command.cc; without MPI, ring_unavailable.cc: Error E120).
@@ -63,6 +64,7 @@ struct GradArgs {
   std::string kernel = "auto";
   std::string products = "auto";  // bf16 product unit (attention.h: Products)
   std::string ring;               // as AttendArgs::ring
+  std::string ring_stats;         // as AttendArgs::ring_stats
 };
 int run_grad(const GradArgs& args);
 int run_grad_ring(const GradArgs& args);

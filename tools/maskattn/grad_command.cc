@@ -19,6 +19,7 @@
 namespace maskattn::cli {
 
 int run_grad(const GradArgs& args) {
+  require_ring_for_stats(args.ring, args.ring_stats);
   if (!args.ring.empty()) return run_grad_ring(args);
   require_distinct_outputs({{"--dq", args.dq}, {"--dk", args.dk}, {"--dv", args.dv}});
   const InputTensor q = load_input("--q", args.q);
@@ -133,7 +134,7 @@ Command add_grad_command(CLI::App& app) {
   command->add_option("--dk", args->dk, "dL/dK output .npy")->required();
   command->add_option("--dv", args->dv, "dL/dV output .npy")->required();
   add_compute_options(command, *args);
-  add_ring_option(command, args->ring);
+  add_ring_options(command, args->ring, args->ring_stats);
   command->footer(mask_spec_help());
   return {command, [args] { return run_grad(*args); }};
 }

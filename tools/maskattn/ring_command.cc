@@ -13,6 +13,8 @@
 // worker computes (dist/ring_mpi.h).
 #include <mpi.h>
 
+#include <array>
+#include <cstdio>
 #include <optional>
 
 #include "commands.h"
@@ -88,6 +90,7 @@ RingProblem read_problem(MPI_Comm comm, const Args& args,
     p.specs = parse_mask_specs(args.masks, p.q().file_rank == 3);
     p.options.base = call_options(args.scale, args.threads, args.kernel, args.products);
     p.options.layout = layout_named(args.ring);
+    p.options.count_allowed_pairs = args.ring_stats == "pairs";
     p.q_len = p.q().shape[2];
     p.k_len = p.k().shape[2];
     p.q_rows = dist::local_ranges(p.q_len, p.options.layout, rank, world);
@@ -101,6 +104,43 @@ Dims local_shape(const Dims& shape, const std::vector<dist::RowRange>& rows) {
   Dims local = shape;
   local[2] = total_rows(rows);
   return local;
+}
+
+// One ring call, timed from a barrier (so every rank starts together) to its return.
+template <typename Call>
+double timed_ring(MPI_Comm comm, const Call& call) {
+  MPI_Barrier(comm);
+  const double start = MPI_Wtime();
+  call();
+  return MPI_Wtime() - start;
+}
+
+// --ring-stats: rank 0 prints every rank's RingStats, one fixed-format line each (scripts read
+// them; docs/distributed.md). Collective.
+void print_ring_stats(MPI_Comm comm, const char* pass, const dist::RingStats& stats,
+                      double ring_seconds, int64_t rows) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  const std::array<double, 8> mine = {static_cast<double>(rows),
+                                      static_cast<double>(stats.pairs_computed),
+                                      static_cast<double>(stats.pairs_skipped),
+                                      static_cast<double>(stats.allowed_pairs),
+                                      static_cast<double>(stats.bytes_sent),
+                                      stats.compute_seconds,
+                                      stats.wait_seconds,
+                                      ring_seconds};
+  std::vector<double> all(mine.size() * static_cast<size_t>(world));
+  MPI_Gather(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, all.data(),
+             static_cast<int>(mine.size()), MPI_DOUBLE, 0, comm);
+  if (rank != 0) return;
+  for (int r = 0; r < world; ++r) {
+    const double* x = &all[mine.size() * static_cast<size_t>(r)];
+    std::fprintf(stderr,
+                 "ring_stats pass=%s rank=%d world=%d rows=%.0f calls=%.0f skipped=%.0f "
+                 "allowed_pairs=%.0f bytes_sent=%.0f compute_s=%.4f wait_s=%.4f ring_s=%.4f\n",
+                 pass, r, world, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]);
+  }
 }
 
 }  // namespace
@@ -133,15 +173,22 @@ int run_attend_ring(const AttendArgs& args) {
       files.add("--out", args.out, result_type(q, p.dtype), file_layout(q, out_shape), out_shape);
   const size_t lse_file =
       args.lse.empty() ? 0 : files.add("--lse", args.lse, NpyType::f4, lse_shape, lse_rows);
+  dist::RingStats stats;
+  double seconds = 0;
   on_every_rank(comm, [&] {
     try {
-      dist::ring_attention(comm, p.q_len, p.k_len, q_local->view(), k_local->view(),
-                           v_local->view(), out->mutable_view(), p.specs.mask, p.specs.mods,
-                           p.options, lse ? lse->mutable_view() : MutableTensorView());
+      seconds = timed_ring(comm, [&] {
+        dist::ring_attention(comm, p.q_len, p.k_len, q_local->view(), k_local->view(),
+                             v_local->view(), out->mutable_view(), p.specs.mask, p.specs.mods,
+                             p.options, lse ? lse->mutable_view() : MutableTensorView(), &stats);
+      });
     } catch (const Error& error) {
       throw Error(error.what() + p.files());
     }
   });
+  if (!args.ring_stats.empty()) {
+    print_ring_stats(comm, "forward", stats, seconds, total_rows(p.q_rows));
+  }
   on_every_rank(comm, [&] {
     files.write(out_file, *out, p.q_rows);
     if (lse) files.write(lse_file, *lse, p.q_rows);
@@ -178,21 +225,31 @@ int run_grad_ring(const GradArgs& args) {
   const size_t dq_file = gradient("--dq", args.dq, q);
   const size_t dk_file = gradient("--dk", args.dk, k);
   const size_t dv_file = gradient("--dv", args.dv, v);
+  std::array<dist::RingStats, 2> stats;  // forward, backward
+  std::array<double, 2> seconds = {0, 0};
   on_every_rank(comm, [&] {
     try {
       // The backward needs the forward's O and LSE of these rows: computed here, as grad does.
-      dist::ring_attention(comm, p.q_len, p.k_len, q_local->view(), k_local->view(),
-                           v_local->view(), out->mutable_view(), p.specs.mask, p.specs.mods,
-                           p.options, lse->mutable_view());
-      dist::ring_attention_backward(
-          comm, p.q_len, p.k_len, q_local->view(), k_local->view(), v_local->view(), out->view(),
-          lse->view(), dout_local->view(),
-          {dq->mutable_view(), dk->mutable_view(), dv->mutable_view(), {}, {}}, p.specs.mask,
-          p.specs.mods, p.options);
+      seconds[0] = timed_ring(comm, [&] {
+        dist::ring_attention(comm, p.q_len, p.k_len, q_local->view(), k_local->view(),
+                             v_local->view(), out->mutable_view(), p.specs.mask, p.specs.mods,
+                             p.options, lse->mutable_view(), &stats[0]);
+      });
+      seconds[1] = timed_ring(comm, [&] {
+        dist::ring_attention_backward(
+            comm, p.q_len, p.k_len, q_local->view(), k_local->view(), v_local->view(), out->view(),
+            lse->view(), dout_local->view(),
+            {dq->mutable_view(), dk->mutable_view(), dv->mutable_view(), {}, {}}, p.specs.mask,
+            p.specs.mods, p.options, &stats[1]);
+      });
     } catch (const Error& error) {
       throw Error(error.what() + p.files());
     }
   });
+  if (!args.ring_stats.empty()) {
+    print_ring_stats(comm, "forward", stats[0], seconds[0], total_rows(p.q_rows));
+    print_ring_stats(comm, "backward", stats[1], seconds[1], total_rows(p.q_rows));
+  }
   on_every_rank(comm, [&] {
     files.write(dq_file, *dq, p.q_rows);
     files.write(dk_file, *dk, p.k_rows);
