@@ -18,6 +18,7 @@
 #include "mask/block_map.h"
 #include "mask/resolved_mask.h"
 #include "mask/resolved_mods.h"
+#include "mask/tile_mask.h"
 #include "maskattn/error.h"
 #include "maskattn/memory.h"
 #include "validate.h"
@@ -57,8 +58,8 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v,
                const MutableTensorView& out, const Mask& mask, const ScoreMods& mods,
                const Options& options, const MutableTensorView& lse) {
   Problem p = make_problem(q, k, &v, options);
-  require_output(out, {p.batch, p.q_heads, p.q_len, p.value_dim}, q.dtype(), "out",
-                 "q " + q.shape_string() + " and v " + v.shape_string());
+  detail::require_result(out, {p.batch, p.q_heads, p.q_len, p.value_dim}, q.dtype(), "out",
+                         "q " + q.shape_string() + " and v " + v.shape_string());
   for (const auto& [input, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
     require_disjoint(out, "out", *input, name);
   }
@@ -185,6 +186,36 @@ Array<uint8_t> block_map(const Mask& mask, const MaskShape& shape, int64_t tile_
     }
   }
   return Array<uint8_t>(dims, std::move(kinds));
+}
+
+bool any_allowed(const Mask& mask, const MaskShape& shape, const Frame& frame) {
+  const ResolvedMask resolved(mask, shape, frame);
+  // The kernels' tiling: its block classifications are the ones a call would compute (and cache).
+  constexpr int64_t kTile = detail::TileMaskBuilder::kMaxQueries;
+  const detail::BlockMap map(resolved, kTile, kTile);
+  const detail::TileMaskBuilder tile_masks(resolved);
+  std::array<uint64_t, kTile> bits{};
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    for (int64_t h = 0; h < shape.q_heads; ++h) {
+      for (int64_t qt = 0; qt < map.q_tiles(); ++qt) {
+        const detail::BlockMap::TileRange band = map.k_tile_range(b, h, qt);
+        for (int64_t kt = band.first; kt < band.end; ++kt) {
+          const detail::TileKind kind = map.kind(b, h, qt, kt);
+          if (kind == detail::TileKind::full) return true;
+          if (kind == detail::TileKind::empty) continue;
+          // A partial tile may still hide every pair: look at its element mask.
+          const int64_t q_first = qt * kTile, k_first = kt * kTile;
+          const int64_t k_count = std::min(kTile, shape.k_len - k_first);
+          tile_masks.build(b, h, q_first, std::min(kTile, shape.q_len - q_first), k_first, k_count,
+                           bits.data());
+          for (int64_t n = 0; n < k_count; ++n) {
+            if (bits[n] != 0) return true;
+          }
+        }
+      }
+    }
+  }
+  return false;
 }
 
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape, int64_t batch,

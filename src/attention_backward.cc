@@ -1,9 +1,13 @@
 // attention_backward(): validate once at the boundary, then run the reference or fused backward.
 // Every check here has an entry in docs/errors.md.
+#include <array>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/block_skipping.h"
+#include "core/element.h"
+#include "core/reused.h"
 #include "kernels/fused_backward.h"
 #include "kernels/reference.h"
 #include "maskattn/attention.h"
@@ -29,6 +33,48 @@ void require_input(const TensorView& t, const Dims& expected, DType dtype, const
   }
 }
 
+// Every element of `into` += the same element of `add` (a contiguous f32 view of its sizes),
+// rounded once into `into`'s dtype.
+void add_into(const MutableTensorView& into, const float* add) {
+  const Dims sizes = into.sizes();
+  std::array<int64_t, TensorView::kMaxRank> index{};
+  const int64_t count = into.numel();
+  for (int64_t n = 0; n < count; ++n) {
+    int64_t rest = n;
+    for (int axis = into.rank() - 1; axis >= 0; --axis) {
+      index[axis] = rest % sizes[axis];
+      rest /= sizes[axis];
+    }
+    const int64_t offset = into.offset(index);
+    detail::store_float(into, offset, detail::load_float(into, offset) + add[n]);
+  }
+}
+
+// grads.accumulate: the call's own gradients go to f32 scratch (per thread, reused: no page
+// faults per call), with the same kernel and so the same bits as without accumulate; then they
+// are added into the caller's views. The extra pass is O(rows·D) against the kernel's
+// O(Lq·Lk·D).
+template <typename RunKernel>
+void run_accumulating(const Gradients& grads, RunKernel&& run) {
+  struct Scratch {};
+  const MutableTensorView* targets[] = {&grads.dq, &grads.dk, &grads.dv, &grads.dbias,
+                                        &grads.dsinks};
+  std::vector<float>* buffers[] = {
+      &detail::reused<float, Scratch, 0>(), &detail::reused<float, Scratch, 1>(),
+      &detail::reused<float, Scratch, 2>(), &detail::reused<float, Scratch, 3>(),
+      &detail::reused<float, Scratch, 4>()};
+  MutableTensorView views[5];
+  for (int n = 0; n < 5; ++n) {
+    if (targets[n]->is_null()) continue;
+    buffers[n]->assign(static_cast<size_t>(targets[n]->numel()), 0.0f);
+    views[n] = MutableTensorView(buffers[n]->data(), DType::f32, targets[n]->sizes());
+  }
+  run(Gradients{views[0], views[1], views[2], views[3], views[4], false});
+  for (int n = 0; n < 5; ++n) {
+    if (!targets[n]->is_null()) add_into(*targets[n], buffers[n]->data());
+  }
+}
+
 }  // namespace
 
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -44,9 +90,9 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
 
   std::vector<std::pair<const MutableTensorView*, std::string>> outputs = {
       {&grads.dq, "dq"}, {&grads.dk, "dk"}, {&grads.dv, "dv"}};
-  detail::require_output(grads.dq, q.sizes(), q.dtype(), "dq", "q " + q.shape_string());
-  detail::require_output(grads.dk, k.sizes(), q.dtype(), "dk", "k " + k.shape_string());
-  detail::require_output(grads.dv, v.sizes(), q.dtype(), "dv", "v " + v.shape_string());
+  detail::require_result(grads.dq, q.sizes(), q.dtype(), "dq", "q " + q.shape_string());
+  detail::require_result(grads.dk, k.sizes(), q.dtype(), "dk", "k " + k.shape_string());
+  detail::require_result(grads.dv, v.sizes(), q.dtype(), "dv", "v " + v.shape_string());
   if (mods.score_fn) {
     throw Error(
         "attention_backward: mods.score_fn is an opaque callable with no derivative; the backward "
@@ -78,10 +124,25 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   if (options.check_finite) detail::require_finite(dout, "dout");
 
   detail::resolve_and_run(p, mask, mods, options, [&](const Problem& checked) {
-    if (options.kernel == Kernel::reference) {
-      detail::reference::backward(checked, dout, grads);
+    const auto run = [&](const Gradients& into) {
+      // Sinks another part of a split counts: this call's ∂L/∂sinks is 0.
+      Gradients kernel_grads = into;
+      if (!options.count_sinks) kernel_grads.dsinks = MutableTensorView();
+      if (options.kernel == Kernel::reference) {
+        detail::reference::backward(checked, dout, kernel_grads);
+      } else {
+        detail::fused::backward(checked, out, lse, dout, kernel_grads, detail::block_skipping());
+      }
+      if (!options.count_sinks && !into.dsinks.is_null() && !grads.accumulate) {
+        for (int64_t h = 0; h < into.dsinks.size(0); ++h) {
+          detail::store_float(into.dsinks, h * into.dsinks.stride(0), 0.0f);
+        }
+      }
+    };
+    if (grads.accumulate) {
+      run_accumulating(grads, run);
     } else {
-      detail::fused::backward(checked, out, lse, dout, grads, detail::block_skipping());
+      run(grads);
     }
   });
 }

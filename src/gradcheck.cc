@@ -132,6 +132,11 @@ GradcheckEntry compare_gradient(const std::string& name, std::vector<float>& inp
 GradcheckReport gradcheck(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& dout, const Mask& mask, const ScoreMods& mods,
                           const Options& options, const GradcheckOptions& check) {
+  if (!options.frame.is_whole()) {
+    throw Error(
+        "gradcheck: options.frame must be the whole problem (finite differences perturb "
+        "the call's own inputs); check the whole call instead of a slice of it");
+  }
   if (!(check.step > 0) || !std::isfinite(check.step)) {
     throw Error("gradcheck: step = " + std::to_string(check.step) + " must be finite and > 0");
   }

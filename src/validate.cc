@@ -118,6 +118,22 @@ void require_output(const MutableTensorView& t, const Dims& expected, DType dtyp
   require_no_self_overlap(t, name);
 }
 
+void require_result(const MutableTensorView& t, const Dims& expected, DType input_dtype,
+                    const std::string& name, const std::string& derived_from) {
+  const bool widened = t.dtype() == DType::f32 && !t.is_null();
+  if (widened || input_dtype == DType::f32) {
+    require_output(t, expected, input_dtype == DType::f32 ? input_dtype : DType::f32, name,
+                   derived_from);
+    return;
+  }
+  require_view(t, static_cast<int>(expected.size()), name, shape_string(expected).c_str());
+  if (t.dtype() != input_dtype) {
+    throw Error(name + " has dtype " + dtype_name(t.dtype()) + " but must be " +
+                dtype_name(input_dtype) + " (the inputs') or f32 (unrounded, for merging)");
+  }
+  require_output(t, expected, input_dtype, name, derived_from);
+}
+
 std::string shapes_of(const TensorView& q, const TensorView& k) {
   return "q " + q.shape_string() + ", k " + k.shape_string();
 }

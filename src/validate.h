@@ -19,6 +19,10 @@ void require_disjoint(const TensorView& out, const std::string& out_name, const 
 // An output of exactly `expected` shape and `dtype`, without self-overlap.
 void require_output(const MutableTensorView& t, const Dims& expected, DType dtype,
                     const std::string& name, const std::string& derived_from);
+// An output in the inputs' dtype, or f32 for f16/bf16 inputs (partial results and gradient
+// accumulators kept unrounded); otherwise as require_output.
+void require_result(const MutableTensorView& t, const Dims& expected, DType input_dtype,
+                    const std::string& name, const std::string& derived_from);
 // "q [..], k [..]" for messages.
 std::string shapes_of(const TensorView& q, const TensorView& k);
 // Checks q, k (and v when given) and fills the Problem's sizes, scale and thread count.
@@ -35,8 +39,8 @@ void check_finite_inputs(const Problem& p, const Mask& mask, const ScoreMods& mo
 template <typename Kernel>
 void resolve_and_run(Problem& p, const Mask& mask, const ScoreMods& mods, const Options& options,
                      Kernel&& kernel) {
-  const ResolvedMask resolved_mask(mask, mask_shape_of(p));
-  const ResolvedMods resolved_mods(mods, mask_shape_of(p));
+  const ResolvedMask resolved_mask(mask, mask_shape_of(p), options.frame);
+  const ResolvedMods resolved_mods(mods, mask_shape_of(p), options.frame, options.count_sinks);
   p.mask = &resolved_mask;
   p.mods = &resolved_mods;
   if (options.check_finite) check_finite_inputs(p, mask, mods);

@@ -98,8 +98,9 @@ struct Gradients {
 // kernel recomputes P from them; the reference kernel recomputes everything in f64 and reads
 // them only for their shapes). `dout` has out's shape and dtype. dq, dk and dv have q's dtype,
 // or f32 for f16/bf16 inputs. Gradients are overwritten unless grads.accumulate. Bitwise
-// identical for any thread count. A score_fn has no derivative: Error. With a partial frame the
-// slice's dbias is added into the whole bias's gradient, so dbias needs grads.accumulate.
+// identical for any thread count. A score_fn has no derivative: Error. With a frame (a slice of a
+// larger problem), out and lse are the merged results of the slice's rows, dq/dk/dv the slice's
+// rows, and dbias the gradient of the whole bias (zero outside the slice).
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const TensorView& lse, const TensorView& dout,
                         const Gradients& grads, const Mask& mask = {}, const ScoreMods& mods = {},

@@ -193,7 +193,7 @@ void ScoreGradients(const BackwardContext& c, int64_t b, int64_t h, int64_t q_fi
   if (c.dbias != nullptr) {
     for (int64_t i = 0; i < q_count; ++i) {
       for (int64_t j = 0; j < rows; ++j) {
-        c.dbias[mods.bias_index.offset(b, h, q_first + i, j0 + j)] += ds[i * T + j];
+        c.dbias[mods.bias_offset(b, h, q_first + i, j0 + j)] += ds[i * T + j];
       }
     }
   }

@@ -265,7 +265,7 @@ void backward_kv_head(const Problem& p, const TensorView& dout, const Gradients&
             scratch.dv[j * p.value_dim + e] += P * scratch.dout_row[e];  // dV_j += P_ij·dO_i
           }
           double dS = P * (dP - D);  // ∂L/∂s_ij, s the final score (softmax backward)
-          if (dbias != nullptr) dbias[mods.bias_index.offset(b, h, i, j)] += dS;
+          if (dbias != nullptr) dbias[mods.bias_offset(b, h, i, j)] += dS;
           if (mods.softcap) {  // s = cap·tanh(s0/cap)  ⇒  ∂s/∂s0 = 1 − tanh²(s0/cap)
             const double t = std::tanh(scratch.s0[j] / *mods.softcap);
             dS *= 1.0 - t * t;

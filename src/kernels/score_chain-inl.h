@@ -88,7 +88,7 @@ struct TileScoreChain {
   }
   Score bias(Score s) const {
     return PerPair(s, [&](float x, int64_t i, int64_t j) {
-      return x + mods.bias[mods.bias_index.offset(tile.b, tile.h, i, j)];
+      return x + mods.bias[mods.bias_offset(tile.b, tile.h, i, j)];
     });
   }
   Score additive(Score s) const {
@@ -98,7 +98,7 @@ struct TileScoreChain {
   }
   Score score_fn(Score s) const {
     return PerPair(s, [&](float x, int64_t i, int64_t j) {
-      return static_cast<float>((*mods.score_fn)(x, tile.b, tile.h, i, j));
+      return static_cast<float>(mods.call_score_fn(x, tile.b, tile.h, i, j));
     });
   }
   Score threshold(Score s) const {

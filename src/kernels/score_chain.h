@@ -40,9 +40,9 @@ struct ScalarScoreChain {
     const double distance = std::fabs(static_cast<double>(mask.qpos(b, i) - mask.kpos(b, j)));
     return s - static_cast<double>(mods.alibi_slopes[h]) * distance;
   }
-  double bias(double s) const { return s + mods.bias[mods.bias_index.offset(b, h, i, j)]; }
+  double bias(double s) const { return s + mods.bias[mods.bias_offset(b, h, i, j)]; }
   double additive(double s) const { return s + mask.additive(b, h, i, j); }
-  double score_fn(double s) const { return (*mods.score_fn)(s, b, h, i, j); }
+  double score_fn(double s) const { return mods.call_score_fn(s, b, h, i, j); }
   double threshold(double s) const { return s < *mods.threshold ? -INFINITY : s; }
 };
 

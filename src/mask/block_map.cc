@@ -30,15 +30,17 @@ TileKind match_kind(BlockMap::Range q, BlockMap::Range k) {
   return TileKind::partial;
 }
 
-// Min/max id of every tile of every sequence of a [B, L] id array.
-std::vector<BlockMap::Range> tile_ranges(const Array<int64_t>& ids, int64_t tile, int64_t tiles) {
-  const int64_t batch = ids.dim(0), length = ids.dim(1);
+// Min/max id of every tile of every sequence of a [B, L] id array, for tiles of rows
+// [origin, end) (a call's slice of the global rows).
+std::vector<BlockMap::Range> tile_ranges(const Array<int64_t>& ids, int64_t tile, int64_t tiles,
+                                         int64_t origin, int64_t end) {
+  const int64_t batch = ids.dim(0);
   std::vector<BlockMap::Range> ranges(batch * tiles);
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t t = 0; t < tiles; ++t) {
       BlockMap::Range& range = ranges[b * tiles + t];
       range = {INT64_MAX, INT64_MIN};
-      for (int64_t i = t * tile; i < std::min(length, (t + 1) * tile); ++i) {
+      for (int64_t i = origin + t * tile; i < std::min(end, origin + (t + 1) * tile); ++i) {
         range.lo = std::min(range.lo, ids.at(b, i));
         range.hi = std::max(range.hi, ids.at(b, i));
       }
@@ -67,10 +69,10 @@ std::vector<int64_t> real_token_prefix(const component::Padding& padding, int64_
 
 // The kind of every block of a [batch, heads] grid, from every pair of it:
 // classify_pair(b, h, i, j, any_hidden, any_allowed, any_work) sets what the pair shows.
+// Pairs are given in global rows.
 template <typename ClassifyPair>
-ScannedKinds scan_tiles(const BlockMap& map, const MaskShape& shape, int64_t batch, int64_t heads,
+ScannedKinds scan_tiles(const BlockMap& map, int64_t batch, int64_t heads,
                         ClassifyPair&& classify_pair) {
-  const int64_t tile_q = map.tile_q(), tile_k = map.tile_k();
   ScannedKinds kinds;
   kinds.batch = batch;
   kinds.heads = heads;
@@ -83,8 +85,8 @@ ScannedKinds scan_tiles(const BlockMap& map, const MaskShape& shape, int64_t bat
       for (int64_t qt = 0; qt < kinds.q_tiles; ++qt) {
         for (int64_t kt = 0; kt < kinds.k_tiles; ++kt) {
           bool any_hidden = false, any_allowed = false, any_work = false;
-          for (int64_t i = qt * tile_q; i < std::min(shape.q_len, (qt + 1) * tile_q); ++i) {
-            for (int64_t j = kt * tile_k; j < std::min(shape.k_len, (kt + 1) * tile_k); ++j) {
+          for (int64_t i = map.q_first(qt); i < map.q_end(qt); ++i) {
+            for (int64_t j = map.k_first(kt); j < map.k_end(kt); ++j) {
               classify_pair(b, h, i, j, any_hidden, any_allowed, any_work);
             }
           }
@@ -108,24 +110,31 @@ BlockMap::BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, boo
       k_tiles_((mask.shape().k_len + tile_k - 1) / tile_k),
       skipping_(skipping) {
   if (!skipping_) return;
-  const MaskShape& shape = mask.shape();
+  const MaskShape& shape = mask.global_shape();
   for (const component::Padding* padding : mask.query_padding_) {
     query_counts_.push_back({padding, real_token_prefix(*padding, shape.batch, shape.q_len)});
   }
   for (const component::Padding* padding : mask.key_padding_) {
     key_counts_.push_back({padding, real_token_prefix(*padding, shape.batch, shape.k_len)});
   }
+  const int64_t q_rows_end = q_origin() + mask.shape().q_len;
+  const int64_t k_rows_end = k_origin() + mask.shape().k_len;
   for (const component::Segments* segments : mask.segments_) {
-    segment_q_.push_back(tile_ranges(segments->query_ids, tile_q_, q_tiles_));
-    segment_k_.push_back(tile_ranges(segments->key_ids, tile_k_, k_tiles_));
+    segment_q_.push_back(
+        tile_ranges(segments->query_ids, tile_q_, q_tiles_, q_origin(), q_rows_end));
+    segment_k_.push_back(tile_ranges(segments->key_ids, tile_k_, k_tiles_, k_origin(), k_rows_end));
   }
   count_global_tokens();
   scan_data_components();
   classify_layouts();
 }
 
+ScanGrid BlockMap::grid() const {
+  return {mask_.shape(), mask_.global_shape(), q_origin(), k_origin(), tile_q_, tile_k_};
+}
+
 void BlockMap::count_global_tokens() {
-  const MaskShape& shape = mask_.shape();
+  const MaskShape& shape = mask_.global_shape();
   const auto prefix_of = [](const Array<int64_t>& ids) {
     const int64_t rows = ids.dim(0), length = ids.dim(1);
     std::vector<int64_t> prefix(rows * (length + 1), 0);
@@ -154,23 +163,23 @@ void BlockMap::count_global_tokens() {
 // A layout block covers whole kernel tiles or parts of them: a tile is full when every layout
 // block it overlaps is on, empty when every one is off. O(blocks) per tile, no element touched.
 void BlockMap::classify_layouts() {
-  const MaskShape& shape = mask_.shape();
+  const MaskShape& shape = mask_.global_shape();
   ScanCache& cache = MaskInternals::scan_cache(*mask_.mask_);
   for (const ResolvedMask::LayoutRef& layout : mask_.layouts_) {
     const int64_t block_q = layout.sparse->block_q, block_k = layout.sparse->block_k;
     const int64_t batch = layout.index.stride[0] == 0 ? 1 : shape.batch;
     const int64_t heads = layout.index.stride[1] == 0 ? 1 : shape.q_heads;
-    auto kinds = cache.get(shape, tile_q_, tile_k_, layout.component, [&] {
+    auto kinds = cache.get(grid(), layout.component, [&] {
       ScannedKinds scanned{batch, heads, q_tiles_, k_tiles_, {}};
       scanned.kinds.reserve(batch * heads * q_tiles_ * k_tiles_);
       for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
           for (int64_t qt = 0; qt < q_tiles_; ++qt) {
-            const int64_t qb_first = qt * tile_q_ / block_q;
-            const int64_t qb_last = (std::min(shape.q_len, (qt + 1) * tile_q_) - 1) / block_q;
+            const int64_t qb_first = q_first(qt) / block_q;
+            const int64_t qb_last = (q_end(qt) - 1) / block_q;
             for (int64_t kt = 0; kt < k_tiles_; ++kt) {
-              const int64_t kb_first = kt * tile_k_ / block_k;
-              const int64_t kb_last = (std::min(shape.k_len, (kt + 1) * tile_k_) - 1) / block_k;
+              const int64_t kb_first = k_first(kt) / block_k;
+              const int64_t kb_last = (k_end(kt) - 1) / block_k;
               int64_t on = 0;
               for (int64_t qb = qb_first; qb <= qb_last; ++qb) {
                 for (int64_t kb = kb_first; kb <= kb_last; ++kb) {
@@ -206,17 +215,17 @@ void BlockMap::classify_layouts() {
 void BlockMap::scan_data_components() {
   // One scan per problem size, kept in the Mask's cache.
   const ResolvedMask& mask = mask_;
-  const MaskShape& shape = mask.shape();
+  const MaskShape& shape = mask.global_shape();
   ScanCache& cache = MaskInternals::scan_cache(*mask.mask_);
   // A dense mask broadcast along an axis is scanned once along it.
   const auto extent = [&](const BroadcastStrides& index, int axis, int64_t size) {
     return index.stride[axis] == 0 ? int64_t{1} : size;
   };
   for (const ResolvedMask::DenseRef& dense : mask.dense_bool_) {
-    scanned_.push_back(cache.get(shape, tile_q_, tile_k_, dense.component, [&] {
+    scanned_.push_back(cache.get(grid(), dense.component, [&] {
       const auto* values = static_cast<const uint8_t*>(dense.values);
       return scan_tiles(
-          *this, shape, extent(dense.index, 0, shape.batch), extent(dense.index, 1, shape.q_heads),
+          *this, extent(dense.index, 0, shape.batch), extent(dense.index, 1, shape.q_heads),
           [&](int64_t b, int64_t h, int64_t i, int64_t j, bool& hidden, bool& allowed, bool&) {
             const bool on = (values[dense.index.offset(b, h, i, j)] != 0) != dense.blocked;
             (on ? allowed : hidden) = true;
@@ -224,10 +233,10 @@ void BlockMap::scan_data_components() {
     }));
   }
   for (const ResolvedMask::DenseRef& dense : mask.additive_) {
-    scanned_.push_back(cache.get(shape, tile_q_, tile_k_, dense.component, [&] {
+    scanned_.push_back(cache.get(grid(), dense.component, [&] {
       const auto* values = static_cast<const float*>(dense.values);
       return scan_tiles(
-          *this, shape, extent(dense.index, 0, shape.batch), extent(dense.index, 1, shape.q_heads),
+          *this, extent(dense.index, 0, shape.batch), extent(dense.index, 1, shape.q_heads),
           [&](int64_t b, int64_t h, int64_t i, int64_t j, bool& hidden, bool& allowed, bool& work) {
             const float value = values[dense.index.offset(b, h, i, j)];
             if (value == -INFINITY) {
@@ -240,9 +249,9 @@ void BlockMap::scan_data_components() {
     }));
   }
   for (const ResolvedMask::PredicateRef& ref : mask.predicates_) {
-    scanned_.push_back(cache.get(shape, tile_q_, tile_k_, ref.component, [&] {
+    scanned_.push_back(cache.get(grid(), ref.component, [&] {
       return scan_tiles(
-          *this, shape, shape.batch, shape.q_heads,
+          *this, shape.batch, shape.q_heads,
           [&](int64_t b, int64_t h, int64_t i, int64_t j, bool& hidden, bool& allowed, bool&) {
             (ref.predicate->allows(b, h, i, j) ? allowed : hidden) = true;
           });
@@ -273,8 +282,8 @@ TileKind BlockMap::padding_kind(const component::Padding& padding, const Padding
 TileKind BlockMap::order_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_end, int64_t k_first,
                               int64_t k_end) const {
   // Over the block, distance = qpos − kpos ranges over [d_min, d_max].
-  const int64_t d_min = mask_.qpos(b, q_first) - mask_.kpos(b, k_end - 1);
-  const int64_t d_max = mask_.qpos(b, q_end - 1) - mask_.kpos(b, k_first);
+  const int64_t d_min = mask_.global_qpos(b, q_first) - mask_.global_kpos(b, k_end - 1);
+  const int64_t d_max = mask_.global_qpos(b, q_end - 1) - mask_.global_kpos(b, k_first);
   TileKind kind = TileKind::full;
   for (const component::Window* window : mask_.windows_) {
     if (!window->heads.contains(h)) continue;
@@ -295,8 +304,9 @@ TileKind BlockMap::order_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_e
   for (const component::Prefix* prefix : mask_.prefixes_) {
     if (!prefix->heads.contains(h)) continue;
     const bool queries_in =
-        mask_.qpos(b, q_end - 1) >= 0 && mask_.qpos(b, q_first) < prefix->length;
-    const bool keys_in = mask_.kpos(b, k_end - 1) >= 0 && mask_.kpos(b, k_first) < prefix->length;
+        mask_.global_qpos(b, q_end - 1) >= 0 && mask_.global_qpos(b, q_first) < prefix->length;
+    const bool keys_in =
+        mask_.global_kpos(b, k_end - 1) >= 0 && mask_.global_kpos(b, k_first) < prefix->length;
     if (queries_in && keys_in) return TileKind::partial;
   }
   return kind;
@@ -305,7 +315,7 @@ TileKind BlockMap::order_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_e
 TileKind BlockMap::global_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_end,
                                int64_t k_first, int64_t k_end) const {
   TileKind kind = TileKind::empty;
-  const MaskShape& shape = mask_.shape();
+  const MaskShape& shape = mask_.global_shape();
   for (const GlobalCounts& counts : global_counts_) {
     if (!counts.global->heads.contains(h)) continue;
     const int64_t q_row = ResolvedMask::global_row(counts.global->query_ids, b);
@@ -322,17 +332,18 @@ TileKind BlockMap::global_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_
 
 BlockMap::TileRange BlockMap::k_tile_range(int64_t b, int64_t h, int64_t q_tile) const {
   if (!skipping_) return {0, k_tiles_};
-  const MaskShape& shape = mask_.shape();
-  // Keys [lo, hi] (indices) that some query of the tile may see; narrowed component by component.
-  int64_t lo = 0, hi = shape.k_len - 1;
+  const MaskShape& shape = mask_.global_shape();
+  // Keys [lo, hi] (global rows) that some query of the tile may see; narrowed component by
+  // component, starting from the call's keys.
+  int64_t lo = k_origin(), hi = k_origin() + mask_.shape().k_len - 1;
   for (const component::Padding* padding : mask_.key_padding_) {
     if (padding->form == Form::lengths) hi = std::min(hi, padding->values.values()[b] - 1);
     if (padding->form == Form::starts) lo = std::max(lo, padding->values.values()[b]);
   }
-  const int64_t q_first = q_tile * tile_q_;
-  const int64_t q_last = std::min(shape.q_len, q_first + tile_q_) - 1;
-  const int64_t qpos_lo = mask_.qpos(b, q_first), qpos_hi = mask_.qpos(b, q_last);
-  const int64_t to_index = -mask_.kpos(b, 0);  // key index = kpos + to_index
+  const int64_t q_first = this->q_first(q_tile);
+  const int64_t q_last = q_end(q_tile) - 1;
+  const int64_t qpos_lo = mask_.global_qpos(b, q_first), qpos_hi = mask_.global_qpos(b, q_last);
+  const int64_t to_index = -mask_.global_kpos(b, 0);  // key row = kpos + to_index
   bool relaxed = false;  // spans or prefix-LM may allow pairs anywhere outside the windows
   for (const component::Spans* spans : mask_.spans_) relaxed |= spans->heads.contains(h);
   for (const component::Prefix* prefix : mask_.prefixes_) relaxed |= prefix->heads.contains(h);
@@ -367,7 +378,7 @@ BlockMap::TileRange BlockMap::k_tile_range(int64_t b, int64_t h, int64_t q_tile)
     hi = std::min(hi, (floor_div(qpos_hi, chunk->size) + 1) * chunk->size - 1 + to_index);
   }
   if (hi < lo) return {0, 0};
-  TileRange range = {lo / tile_k_, hi / tile_k_ + 1};
+  TileRange range = {(lo - k_origin()) / tile_k_, (hi - k_origin()) / tile_k_ + 1};
   for (const LayoutRows& layout : layout_rows_) {
     const TileRange row = layout.at(b, h, q_tile);
     range = {std::max(range.first, row.first), std::min(range.end, row.end)};
@@ -377,9 +388,9 @@ BlockMap::TileRange BlockMap::k_tile_range(int64_t b, int64_t h, int64_t q_tile)
 
 TileKind BlockMap::kind(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const {
   if (!skipping_) return TileKind::partial;
-  const MaskShape& shape = mask_.shape();
-  const int64_t q_first = q_tile * tile_q_, q_end = std::min(shape.q_len, q_first + tile_q_);
-  const int64_t k_first = k_tile * tile_k_, k_end = std::min(shape.k_len, k_first + tile_k_);
+  const MaskShape& shape = mask_.global_shape();
+  const int64_t q_first = this->q_first(q_tile), q_end = this->q_end(q_tile);
+  const int64_t k_first = this->k_first(k_tile), k_end = this->k_end(k_tile);
   TileKind kind = TileKind::full;
   for (const PaddingCounts& counts : query_counts_) {
     fold(kind, padding_kind(*counts.padding, &counts, b, q_first, q_end, shape.q_len));
@@ -391,10 +402,10 @@ TileKind BlockMap::kind(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) co
   fold(kind, order_kind(b, h, q_first, q_end, k_first, k_end));
   for (const component::Chunk* chunk : mask_.chunks_) {
     if (!chunk->heads.contains(h)) continue;
-    fold(kind, match_kind({floor_div(mask_.qpos(b, q_first), chunk->size),
-                           floor_div(mask_.qpos(b, q_end - 1), chunk->size)},
-                          {floor_div(mask_.kpos(b, k_first), chunk->size),
-                           floor_div(mask_.kpos(b, k_end - 1), chunk->size)}));
+    fold(kind, match_kind({floor_div(mask_.global_qpos(b, q_first), chunk->size),
+                           floor_div(mask_.global_qpos(b, q_end - 1), chunk->size)},
+                          {floor_div(mask_.global_kpos(b, k_first), chunk->size),
+                           floor_div(mask_.global_kpos(b, k_end - 1), chunk->size)}));
   }
   for (size_t n = 0; n < mask_.segments_.size(); ++n) {
     if (!mask_.segments_[n]->heads.contains(h)) continue;

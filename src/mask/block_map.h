@@ -5,6 +5,7 @@
 // partial ones, so its cost follows the allowed pairs, not Lq·Lk.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -26,6 +27,19 @@ class BlockMap {
   int64_t k_tiles() const { return k_tiles_; }
 
   TileKind kind(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const;
+
+  // Tiles cover the call's rows; these are their global rows [first, end) (a call with a frame
+  // starts at the frame's offsets, mask.h), which every classification below works in.
+  int64_t q_origin() const { return mask_.q_origin(); }
+  int64_t k_origin() const { return mask_.k_origin(); }
+  int64_t q_first(int64_t q_tile) const { return q_origin() + q_tile * tile_q_; }
+  int64_t k_first(int64_t k_tile) const { return k_origin() + k_tile * tile_k_; }
+  int64_t q_end(int64_t q_tile) const {
+    return std::min(q_origin() + mask_.shape().q_len, q_first(q_tile) + tile_q_);
+  }
+  int64_t k_end(int64_t k_tile) const {
+    return std::min(k_origin() + mask_.shape().k_len, k_first(k_tile) + tile_k_);
+  }
 
   // Key tiles [first, end) outside which every block of this query tile is empty, from the
   // structured components in O(1): a causal or windowed query tile visits only its band.
@@ -64,6 +78,7 @@ class BlockMap {
     }
   };
 
+  ScanGrid grid() const;  // the cache key of this map's scans
   void count_global_tokens();
   void classify_layouts();
   // Global tokens allow pairs of the block the windows hide: full when every query or every key

@@ -116,12 +116,42 @@ BroadcastStrides check_layout(const component::BlockSparse& sparse, const MaskSh
   }
 }
 
+// The whole problem's shape: the call's, with the frame's totals. A frame must contain the call.
+MaskShape framed_shape(const MaskShape& call, const Frame& frame) {
+  if (call.batch < 0 || call.q_heads < 0 || call.q_len < 0 || call.k_len < 0) {
+    throw Error("mask shape " + scores_shape_string(call) + " has a negative size");
+  }
+  const auto whole = [](int64_t offset, int64_t total, int64_t length, const char* offset_name,
+                        const char* total_name, const char* length_name) {
+    if (total == -1) {
+      if (offset != 0) {
+        throw Error(std::string("frame: ") + offset_name + "=" + std::to_string(offset) +
+                    " needs " + total_name + " (the whole problem's length); " + total_name +
+                    "=-1 means the call is the whole problem");
+      }
+      return length;
+    }
+    if (total < 0 || offset < 0 || offset > total - length) {
+      throw Error(std::string("frame: rows [") + offset_name + ", " + offset_name + " + " +
+                  length_name + ") = [" + std::to_string(offset) + ", " +
+                  std::to_string(offset + length) + ") are not inside [0, " + total_name +
+                  ") = [0, " + std::to_string(total) + ")");
+    }
+    return total;
+  };
+  return {call.batch, call.q_heads,
+          whole(frame.q_offset, frame.q_total, call.q_len, "q_offset", "q_total", "Lq"),
+          whole(frame.k_offset, frame.k_total, call.k_len, "k_offset", "k_total", "Lk")};
+}
+
 }  // namespace
 
-ResolvedMask::ResolvedMask(const Mask& mask, const MaskShape& shape) : shape_(shape), mask_(&mask) {
-  if (shape.batch < 0 || shape.q_heads < 0 || shape.q_len < 0 || shape.k_len < 0) {
-    throw Error("mask shape " + scores_shape_string(shape) + " has a negative size");
-  }
+ResolvedMask::ResolvedMask(const Mask& mask, const MaskShape& call_shape, const Frame& frame)
+    : shape_(call_shape), global_(framed_shape(call_shape, frame)), mask_(&mask) {
+  q_origin_ = frame.q_offset;
+  k_origin_ = frame.k_offset;
+  // Components are checked, and positions computed, for the whole problem.
+  const MaskShape& shape = global_;
   const component::Padding* lengths[2] = {nullptr, nullptr};  // [query, key]
   const component::Padding* starts[2] = {nullptr, nullptr};
   const auto& components = mask.components();
@@ -238,8 +268,8 @@ bool ResolvedMask::relaxed(int64_t b, int64_t h, int64_t i, int64_t j) const {
     const int64_t span = spans->query_ids.at(b, i);
     if (span != 0 && span == spans->key_ids.at(b, j)) return true;
   }
-  const int64_t query_position = qpos(b, i);
-  const int64_t key_position = kpos(b, j);
+  const int64_t query_position = global_qpos(b, i);
+  const int64_t key_position = global_kpos(b, j);
   for (const component::Prefix* prefix : prefixes_) {
     if (!prefix->heads.contains(h)) continue;
     if (query_position >= 0 && query_position < prefix->length && key_position >= 0 &&
@@ -253,7 +283,8 @@ bool ResolvedMask::relaxed(int64_t b, int64_t h, int64_t i, int64_t j) const {
 // Causal and window components bound the query–key distance; spans, prefix-LM and global tokens
 // relax exactly these.
 bool ResolvedMask::order_allows(int64_t b, int64_t h, int64_t i, int64_t j) const {
-  const int64_t distance = qpos(b, i) - kpos(b, j);  // > 0: the key is in the query's past
+  const int64_t distance =
+      global_qpos(b, i) - global_kpos(b, j);  // > 0: the key is in the query's past
   for (const component::Window* window : windows_) {
     if (!window->heads.contains(h)) continue;
     const bool inside = distance <= window->left && -distance <= window->right;
@@ -262,7 +293,7 @@ bool ResolvedMask::order_allows(int64_t b, int64_t h, int64_t i, int64_t j) cons
   return true;
 }
 
-bool ResolvedMask::allowed(int64_t b, int64_t h, int64_t i, int64_t j) const {
+bool ResolvedMask::allowed_global(int64_t b, int64_t h, int64_t i, int64_t j) const {
   for (const component::Padding* padding : query_padding_) {
     if (!is_real(*padding, b, i)) return false;
   }
@@ -272,11 +303,11 @@ bool ResolvedMask::allowed(int64_t b, int64_t h, int64_t i, int64_t j) const {
   if (!order_allows(b, h, i, j)) return false;
   for (const component::Chunk* chunk : chunks_) {
     if (chunk->heads.contains(h) &&
-        floor_div(qpos(b, i), chunk->size) != floor_div(kpos(b, j), chunk->size)) {
+        floor_div(global_qpos(b, i), chunk->size) != floor_div(global_kpos(b, j), chunk->size)) {
       return false;
     }
   }
-  return layouts_allow(b, h, i, j) && allowed_elementwise(b, h, i, j);
+  return layouts_allow(b, h, i, j) && elementwise_global(b, h, i, j);
 }
 
 bool ResolvedMask::layouts_allow(int64_t b, int64_t h, int64_t i, int64_t j) const {
@@ -288,7 +319,7 @@ bool ResolvedMask::layouts_allow(int64_t b, int64_t h, int64_t i, int64_t j) con
   return true;
 }
 
-bool ResolvedMask::allowed_elementwise(int64_t b, int64_t h, int64_t i, int64_t j) const {
+bool ResolvedMask::elementwise_global(int64_t b, int64_t h, int64_t i, int64_t j) const {
   for (const component::Segments* segments : segments_) {
     if (segments->heads.contains(h) && segments->query_ids.at(b, i) != segments->key_ids.at(b, j)) {
       return false;
@@ -309,6 +340,8 @@ bool ResolvedMask::allowed_elementwise(int64_t b, int64_t h, int64_t i, int64_t 
 }
 
 double ResolvedMask::additive(int64_t b, int64_t h, int64_t i, int64_t j) const {
+  i += q_origin_;
+  j += k_origin_;
   double sum = 0.0;
   for (const DenseRef& dense : additive_) {
     sum += static_cast<const float*>(dense.values)[dense.index.offset(b, h, i, j)];

@@ -29,20 +29,30 @@ inline int64_t saturating_add(int64_t a, int64_t b) {
 class ResolvedMask {
  public:
   // Throws Error when a component does not fit the shape (batch size, lengths, heads, broadcast).
-  ResolvedMask(const Mask& mask, const MaskShape& shape);
+  // `shape` is the call's own [B, Hq, Lq, Lk]; `frame` places it in a larger problem (mask.h),
+  // against whose lengths the components are checked and positions computed.
+  ResolvedMask(const Mask& mask, const MaskShape& shape, const Frame& frame = {});
 
+  // The call's shape, and the whole problem's (equal without a frame).
   const MaskShape& shape() const { return shape_; }
+  const MaskShape& global_shape() const { return global_; }
+  int64_t q_origin() const { return q_origin_; }
+  int64_t k_origin() const { return k_origin_; }
 
-  // Positions (docs/design.md §2): qpos = i + q_shift[b], kpos = j + k_shift[b].
-  int64_t qpos(int64_t b, int64_t i) const { return i + q_shift_[b]; }
-  int64_t kpos(int64_t b, int64_t j) const { return j + k_shift_[b]; }
+  // Everything below takes the call's row indices (i < Lq, j < Lk) and reads the components at
+  // the global rows i + q_origin, j + k_origin.
+  // Positions (docs/design.md §2): qpos = i + q_shift[b], kpos = j + k_shift[b] (global rows).
+  int64_t qpos(int64_t b, int64_t i) const { return global_qpos(b, i + q_origin_); }
+  int64_t kpos(int64_t b, int64_t j) const { return global_kpos(b, j + k_origin_); }
 
   // Every component allows the pair (additive masks hide where they hold −inf).
-  bool allowed(int64_t b, int64_t h, int64_t i, int64_t j) const;
-  // The block-sparse layouts allow the pair (true when there are none).
-  bool layouts_allow(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  bool allowed(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return allowed_global(b, h, i + q_origin_, j + k_origin_);
+  }
   // The per-element components alone: segments, dense keep/blocked, additive −inf, predicates.
-  bool allowed_elementwise(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  bool allowed_elementwise(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return elementwise_global(b, h, i + q_origin_, j + k_origin_);
+  }
 
   // Sum of the additive masks at the pair (0 when there are none).
   double additive(int64_t b, int64_t h, int64_t i, int64_t j) const;
@@ -71,6 +81,14 @@ class ResolvedMask {
     size_t component;
   };
 
+  // The same questions at global rows (BlockMap and TileMaskBuilder work in global rows).
+  int64_t global_qpos(int64_t b, int64_t row) const { return row + q_shift_[b]; }
+  int64_t global_kpos(int64_t b, int64_t row) const { return row + k_shift_[b]; }
+  bool allowed_global(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  bool elementwise_global(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  // The block-sparse layouts allow the pair (true when there are none).
+  bool layouts_allow(int64_t b, int64_t h, int64_t i, int64_t j) const;
+
   bool is_real(const component::Padding& padding, int64_t b, int64_t t) const;
   bool order_allows(int64_t b, int64_t h, int64_t i, int64_t j) const;
   // Spans, prefix-LM or global tokens allow again a pair the causal/window components hide.
@@ -85,7 +103,8 @@ class ResolvedMask {
     return ids.at(global_row(ids, b), t) != 0;
   }
 
-  MaskShape shape_;
+  MaskShape shape_, global_;
+  int64_t q_origin_ = 0, k_origin_ = 0;
   std::vector<int64_t> q_shift_, k_shift_;  // [B]
   std::vector<const component::Padding*> key_padding_, query_padding_;
   std::vector<const component::Window*> windows_;

@@ -26,7 +26,13 @@ const float* per_head(const std::vector<float>& values, const MaskShape& shape, 
 
 }  // namespace
 
-ResolvedMods::ResolvedMods(const ScoreMods& mods, const MaskShape& shape) {
+ResolvedMods::ResolvedMods(const ScoreMods& mods, const MaskShape& call_shape, const Frame& frame,
+                           bool count_sinks)
+    : q_origin(frame.q_offset), k_origin(frame.k_offset) {
+  // The frame was checked by ResolvedMask; the totals give the whole problem's shape.
+  MaskShape shape = call_shape;
+  if (frame.q_total >= 0) shape.q_len = frame.q_total;
+  if (frame.k_total >= 0) shape.k_len = frame.k_total;
   if (mods.softcap) {
     if (!(*mods.softcap > 0.0) || !std::isfinite(*mods.softcap)) {
       throw Error("softcap = " + std::to_string(*mods.softcap) +
@@ -36,6 +42,7 @@ ResolvedMods::ResolvedMods(const ScoreMods& mods, const MaskShape& shape) {
   }
   alibi_slopes = per_head(mods.alibi_slopes, shape, "alibi slopes");
   sinks = per_head(mods.sinks, shape, "sinks");
+  if (!count_sinks) sinks = nullptr;
   if (mods.bias) {
     if (mods.bias->empty()) throw Error("bias is an empty array (no shape, no values)");
     bias_index = broadcast_to_scores(mods.bias->shape(), shape, "bias");

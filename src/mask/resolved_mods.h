@@ -14,7 +14,19 @@ namespace maskattn::detail {
 struct ResolvedMods {
   // Throws Error for a non-positive softcap, slopes or sinks that are not [Hq] or not finite, a
   // bias that does not broadcast, or a NaN threshold.
-  ResolvedMods(const ScoreMods& mods, const MaskShape& shape);
+  // `shape` is the call's; with a frame (mask.h) the bias is checked against the whole problem
+  // and read, like score_fn's indices, at global rows. count_sinks = false drops the sinks (they
+  // belong to another part of a split).
+  ResolvedMods(const ScoreMods& mods, const MaskShape& shape, const Frame& frame = {},
+               bool count_sinks = true);
+
+  // The bias element of the call's pair (i, j), and score_fn called with global rows.
+  int64_t bias_offset(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return bias_index.offset(b, h, i + q_origin, j + k_origin);
+  }
+  double call_score_fn(double s, int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return (*score_fn)(s, b, h, i + q_origin, j + k_origin);
+  }
 
   std::optional<double> softcap;
   const float* alibi_slopes = nullptr;  // [Hq] or null
@@ -22,7 +34,8 @@ struct ResolvedMods {
   BroadcastStrides bias_index;
   const ScoreFunction* score_fn = nullptr;
   std::optional<double> threshold;
-  const float* sinks = nullptr;  // [Hq] or null
+  const float* sinks = nullptr;        // [Hq] or null
+  int64_t q_origin = 0, k_origin = 0;  // the frame's offsets
 };
 
 }  // namespace maskattn::detail

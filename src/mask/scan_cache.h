@@ -28,22 +28,28 @@ struct ScannedKinds {
   }
 };
 
+// The tile grid a scan covers: the call's shape, tiled from its first row, placed at
+// (q_origin, k_origin) of the whole problem (a call with a frame, mask.h).
+struct ScanGrid {
+  MaskShape call, whole;
+  int64_t q_origin = 0, k_origin = 0;
+  int64_t tile_q = 0, tile_k = 0;
+};
+
 class ScanCache {
  public:
   using Builder = std::function<ScannedKinds()>;
 
-  // The kinds of component `index` for this shape and tiling, built by `build` on first request.
-  std::shared_ptr<const ScannedKinds> get(const MaskShape& shape, int64_t tile_q, int64_t tile_k,
-                                          size_t index, const Builder& build);
+  // The kinds of component `index` over this grid, built by `build` on first request.
+  std::shared_ptr<const ScannedKinds> get(const ScanGrid& grid, size_t index, const Builder& build);
 
  private:
   struct Entry {
-    MaskShape shape;
-    int64_t tile_q, tile_k;
+    ScanGrid grid;
     size_t index;
     std::shared_ptr<const ScannedKinds> kinds;
   };
-  // A KV-cache decode changes Lk every step: keep only the most recent entries.
+  // A KV-cache decode changes Lk every step, a ring the frame: keep only the recent entries.
   static constexpr size_t kMaxEntries = 16;
 
   std::mutex mutex_;

@@ -64,8 +64,8 @@ uint64_t TileMaskBuilder::global_queries(int64_t b, int64_t h, int64_t q_first,
 // prefix-LM and global tokens; chunks as the interval of positions in the key's chunk.
 uint64_t TileMaskBuilder::order_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count,
                                      int64_t j, uint64_t global_query_bits) const {
-  const int64_t kpos = mask_.kpos(b, j);
-  const int64_t to_index = -mask_.qpos(b, 0);  // query index = qpos + to_index
+  const int64_t kpos = mask_.global_kpos(b, j);
+  const int64_t to_index = -mask_.global_qpos(b, 0);  // query row = qpos + to_index
   const auto index_of = [&](int64_t position) { return saturating_add(position, to_index); };
   uint64_t bits = low_bits(q_count);
   for (const component::Window* window : mask_.windows_) {
@@ -121,6 +121,9 @@ uint64_t TileMaskBuilder::layout_bits(int64_t b, int64_t h, int64_t q_first, int
 
 void TileMaskBuilder::build(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t k_first,
                             int64_t k_count, uint64_t* allowed) const {
+  // Everything below works in global rows (a call with a frame starts at its offsets).
+  q_first += mask_.q_origin();
+  k_first += mask_.k_origin();
   const uint64_t queries = real_queries(b, q_first, q_count);
   const uint64_t global_query_bits = global_queries(b, h, q_first, q_count);
   for (int64_t n = 0; n < k_count; ++n) {
@@ -135,7 +138,7 @@ void TileMaskBuilder::build(int64_t b, int64_t h, int64_t q_first, int64_t q_cou
       // Segments, dense masks, additive −inf and predicates: ask the evaluator per pair.
       for (int64_t i = 0; i < q_count; ++i) {
         const uint64_t bit = uint64_t{1} << i;
-        if ((bits & bit) && !mask_.allowed_elementwise(b, h, q_first + i, j)) bits &= ~bit;
+        if ((bits & bit) && !mask_.elementwise_global(b, h, q_first + i, j)) bits &= ~bit;
       }
     }
     allowed[n] = bits;

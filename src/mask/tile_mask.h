@@ -16,7 +16,8 @@ class TileMaskBuilder {
   explicit TileMaskBuilder(const ResolvedMask& mask);
 
   // allowed[0, k_count): bit rows for queries [q_first, q_first + q_count) of (b, h) against keys
-  // [k_first, k_first + k_count). q_count ≤ 64.
+  // [k_first, k_first + k_count), in the call's rows (the frame's offsets are added here).
+  // q_count ≤ 64. The private helpers below take global rows.
   void build(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t k_first,
              int64_t k_count, uint64_t* allowed) const;
 
