@@ -113,6 +113,8 @@ TEST(Frame, SplitCallsMergedEqualOneCallForEveryMask) {
         options.kernel = kernel;
         const Whole whole = whole_forward(p, mask, {}, options);
         for (const Cuts& cut : kCuts) {
+          // The f64 reference is slow: one cut (the one off every tile boundary) is enough.
+          if (kernel == Kernel::reference && &cut != &kCuts[0]) continue;
           const Cuts c = resolve(cut, p);
           const Whole split = split_forward(p, mask, {}, c, options);
           const std::string label = name + (kernel == Kernel::fused ? " fused" : " reference") +

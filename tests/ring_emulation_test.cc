@@ -107,8 +107,9 @@ TEST(RingEmulation, ManyRanksMatchOneCall) {
         expect_close(got.dq, want.dq, grad_tol, what + " dq");
         expect_close(got.dk, want.dk, grad_tol, what + " dk");
         expect_close(got.dv, want.dv, grad_tol, what + " dv");
-        if (!c.mods.sinks.empty()) expect_close(got.dsinks, want.dsinks, 1e-4, what + " dsinks");
-        if (c.mods.bias) expect_close(got.dbias, want.dbias, 1e-4, what + " dbias");
+        if (!c.mods.sinks.empty())
+          expect_close(got.dsinks, want.dsinks, grad_tol, what + " dsinks");
+        if (c.mods.bias) expect_close(got.dbias, want.dbias, grad_tol, what + " dbias");
       }
     }
   }
@@ -137,13 +138,14 @@ TEST(RingEmulation, ZigzagBalancesCausalWork) {
     options.count_allowed_pairs = true;
     dist::ring_emulation(4, p.q(), p.k(), p.v(), out.view(), c.mask, {}, options, {}, &stats);
     ASSERT_EQ(stats.size(), 4u);
-    int64_t least = stats[0].allowed_pairs, most = least, total = 0;
+    int64_t least = stats[0].allowed_pairs, most = least, total = 0, skipped = 0;
     for (const auto& s : stats) {
       least = std::min(least, s.allowed_pairs);
       most = std::max(most, s.allowed_pairs);
       total += s.allowed_pairs;
-      EXPECT_GT(s.pairs_skipped, 0);
+      skipped += s.pairs_skipped;
     }
+    EXPECT_GT(skipped, 0);
     EXPECT_EQ(total, c.q_heads * 256 * 257 / 2);
     if (layout == Layout::zigzag) {
       EXPECT_LE(most, least * 1.10);

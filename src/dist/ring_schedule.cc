@@ -50,13 +50,11 @@ RingSchedule::RingSchedule(int64_t q_len, int64_t k_len, Layout layout, int worl
         if (last_hop_[plan.origin][b] > s) plan.forwarded.push_back(b);
       }
       for (int a = 0; a < static_cast<int>(q_blocks_[rank].size()); ++a) {
-        for (int b : plan.held) {
+        for (int b = 0; b < blocks; ++b) {
+          const bool allowed_here = allowed_pair[rank][a][plan.origin][b];
+          if (!allowed_here) ++plan.skipped;  // held or not: the mask hides the pair
           const bool sink_part = with_sinks && s == 0 && b == 0;
-          if (allowed_pair[rank][a][plan.origin][b] || sink_part) {
-            plan.calls.push_back({a, b, sink_part});
-          } else {
-            ++plan.skipped;
-          }
+          if (allowed_here || sink_part) plan.calls.push_back({a, b, sink_part});
         }
       }
     }

@@ -30,7 +30,7 @@ struct RingStep {
   std::vector<int> held;        // the origin's blocks held, ascending (step 0: all of them)
   std::vector<PairCall> calls;  // in the fixed order the parts are merged in
   std::vector<int> forwarded;   // held blocks sent on to rank + 1 for the next step
-  int64_t skipped = 0;          // (query block, held block) pairs the mask hides
+  int64_t skipped = 0;          // (query block, origin's block) pairs the mask hides
 };
 
 // Whether the mask allows any pair of query rows `q` and key rows `k` (global rows).
