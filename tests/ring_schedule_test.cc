@@ -3,6 +3,10 @@
 // how far.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+
+#include "dist/ring_rank.h"
 #include "dist/ring_schedule.h"
 #include "maskattn/ring.h"
 #include "test_util.h"
@@ -166,6 +170,28 @@ TEST(RingSchedule, SinksAreCountedInOneCallPerQueryBlock) {
     }
     for (int count : sink_calls) EXPECT_EQ(count, 1);
   }
+}
+
+// The ring's in-place two-part merge is merge_partials, bit for bit, including rows with no key
+// (−inf) on either side and NaN.
+TEST(RingMerge, IsMergePartialsBitForBit) {
+  const int64_t rows = 64, width = 8;
+  detail::F32Tensor acc_out({1, 1, rows, width}, 0), acc_lse({1, 1, rows}, 0);
+  detail::F32Tensor part_out({1, 1, rows, width}, 0), part_lse({1, 1, rows}, 0);
+  acc_out.values = test::random_values(rows * width, 1, -3, 3);
+  part_out.values = test::random_values(rows * width, 2, -3, 3);
+  acc_lse.values = test::random_values(rows, 3, -20, 20);
+  part_lse.values = test::random_values(rows, 4, -20, 20);
+  acc_lse.values[1] = part_lse.values[2] = -INFINITY;
+  acc_lse.values[3] = part_lse.values[3] = -INFINITY;
+  acc_lse.values[4] = NAN;
+  part_lse.values[5] = 80.0f;  // one weight underflows to 0
+  detail::F32Tensor want_out({1, 1, rows, width}, 0), want_lse({1, 1, rows}, 0);
+  merge_partials({{acc_out.view(), acc_lse.view()}, {part_out.view(), part_lse.view()}},
+                 want_out.mutable_view(), want_lse.mutable_view());
+  detail::merge_into(acc_out, acc_lse, part_out, part_lse);
+  EXPECT_EQ(std::memcmp(acc_out.values.data(), want_out.values.data(), rows * width * 4), 0);
+  EXPECT_EQ(std::memcmp(acc_lse.values.data(), want_lse.values.data(), rows * 4), 0);
 }
 
 }  // namespace

@@ -367,10 +367,97 @@ void sum_in_rank_order(const Ring& ring, std::vector<float>& values) {
   MPI_Bcast(values.data(), count, MPI_FLOAT, ring.world - 1, ring.comm);
 }
 
-// The travelling dK/dV accumulators of one backward run.
-struct GradTravel {
-  std::vector<float> incoming, outgoing, scratch;  // f32, packed like the K/V blocks
-  std::vector<std::vector<float>> own;             // the final accumulators of the own blocks
+// The travelling dK/dV accumulators of one backward run (f32, packed like the K/V blocks): each
+// step adds the rank's share to what came from the left and sends the sum on, or home after the
+// block's last hop; the own blocks' final sums come home (receives posted first, waited last).
+class GradTravel {
+ public:
+  GradTravel(const Ring& ring, const RingSchedule& schedule, const KvPacking& packing)
+      : ring_(ring), schedule_(schedule), packing_(packing), home_(ring.comm) {
+    const auto& own = schedule.k_blocks(ring.rank);
+    for (size_t b = 0; b < own.size(); ++b) {
+      own_.emplace_back(floats(own[b]));
+      const int hops = schedule.last_hop(ring.rank, static_cast<int>(b));
+      if (hops > 0) {
+        home_.receive(own_[b].data(), bytes(own[b]), (ring.rank + hops) % ring.world,
+                      home_tag(static_cast<int>(b)));
+      }
+    }
+  }
+
+  // Posts the receive of the held blocks' accumulators (sent by the left rank after its step
+  // s − 1) and returns zeroed buffers for this step's share.
+  std::vector<detail::KvGradBlock> begin_step(int step, Exchange& exchange) {
+    const RingStep& plan = schedule_.step(ring_.rank, step);
+    layout_ = held_layout(schedule_, plan, packing_.grad_block_floats(1));
+    if (step > 0) {
+      incoming_.resize(static_cast<size_t>(layout_.total));
+      for (size_t slot = 0; slot < plan.held.size(); ++slot) {
+        const RowRange& rows = schedule_.k_blocks(plan.origin)[plan.held[slot]];
+        exchange.receive(incoming_.data() + layout_.offsets[slot], bytes(rows), ring_.left(),
+                         grad_tag(plan.held[slot]));
+      }
+    }
+    share_.assign(static_cast<size_t>(layout_.total), 0.0f);
+    std::vector<detail::KvGradBlock> views;
+    for (size_t slot = 0; slot < plan.held.size(); ++slot) {
+      const RowRange& rows = schedule_.k_blocks(plan.origin)[plan.held[slot]];
+      views.push_back(packing_.grad_view(share_.data() + layout_.offsets[slot], rows.size()));
+    }
+    return views;
+  }
+
+  // After the step's messages: accumulator = incoming + share, then on, home, or kept.
+  void end_step(int step, Exchange& exchange) {
+    const RingStep& plan = schedule_.step(ring_.rank, step);
+    if (step > 0) {
+      for (size_t n = 0; n < share_.size(); ++n) incoming_[n] += share_[n];
+      std::swap(incoming_, outgoing_);
+    } else {
+      std::swap(share_, outgoing_);
+    }
+    for (size_t slot = 0; slot < plan.held.size(); ++slot) {
+      const int b = plan.held[slot];
+      const RowRange& rows = schedule_.k_blocks(plan.origin)[b];
+      float* sum = outgoing_.data() + layout_.offsets[slot];
+      if (schedule_.last_hop(plan.origin, b) > step) {
+        exchange.send(sum, bytes(rows), ring_.right(), grad_tag(b));
+      } else if (step > 0) {
+        exchange.send(sum, bytes(rows), plan.origin, home_tag(b));
+      } else {
+        std::copy_n(sum, floats(rows), own_[b].begin());
+      }
+    }
+  }
+
+  void wait_home() { home_.wait(); }
+
+  // The own blocks' sums into the rank's dk/dv rows.
+  void store(const Gradients& grads) const {
+    int64_t local_first = 0;
+    const auto& own = schedule_.k_blocks(ring_.rank);
+    for (size_t b = 0; b < own.size(); ++b) {
+      const detail::KvGradBlock sum =
+          packing_.grad_view(const_cast<float*>(own_[b].data()), own[b].size());
+      detail::store_f32(static_cast<const float*>(sum.dk.data()),
+                        row_slice(grads.dk, local_first, own[b].size()), grads.accumulate);
+      detail::store_f32(static_cast<const float*>(sum.dv.data()),
+                        row_slice(grads.dv, local_first, own[b].size()), grads.accumulate);
+      local_first += own[b].size();
+    }
+  }
+
+ private:
+  int64_t floats(const RowRange& rows) const { return packing_.grad_block_floats(rows.size()); }
+  int64_t bytes(const RowRange& rows) const { return floats(rows) * 4; }
+
+  const Ring& ring_;
+  const RingSchedule& schedule_;
+  const KvPacking& packing_;
+  Exchange home_;
+  HeldLayout layout_;
+  std::vector<float> incoming_, outgoing_, share_;
+  std::vector<std::vector<float>> own_;
 };
 
 }  // namespace
@@ -388,97 +475,38 @@ void ring_attention_backward(MPI_Comm comm, int64_t global_q_len, int64_t global
   const detail::RingCallContext context{&schedule,    &mask,        &mods,
                                         options.base, global_q_len, global_k_len};
   const KvPacking packing = KvPacking::of(k, v);
-  const int64_t grad_per_row = packing.grad_block_floats(1);
   const auto& q_rows = schedule.q_blocks(ring.rank);
-  const auto& own_k = schedule.k_blocks(ring.rank);
   detail::BackwardRank state(context, ring.rank, local_blocks(q, q_rows), local_blocks(out, q_rows),
                              local_blocks(lse, q_rows), local_blocks(dout, q_rows),
                              !grads.dsinks.is_null(), !grads.dbias.is_null());
 
-  // The own blocks' accumulators come home from their last hop (posted first, waited last).
-  GradTravel travel;
-  Exchange home(ring.comm);
-  for (size_t b = 0; b < own_k.size(); ++b) {
-    travel.own.emplace_back(own_k[b].size() * grad_per_row);
-    const int hops = schedule.last_hop(ring.rank, static_cast<int>(b));
-    if (hops > 0) {
-      home.receive(travel.own[b].data(), own_k[b].size() * grad_per_row * 4,
-                   (ring.rank + hops) % ring.world, home_tag(static_cast<int>(b)));
-    }
-  }
+  GradTravel travel(ring, schedule, packing);
   std::vector<char> current = pack_own(ring, schedule, packing, k, v), next;
   std::string error;
   RingStats counted;
   Exchange exchange(ring.comm);  // carries the accumulator sends of one step into the next
   for (int s = 0; s < ring.world; ++s) {
-    const RingStep& plan = schedule.step(ring.rank, s);
     const auto held = post_kv(ring, schedule, packing, s, current, next, exchange);
-    const HeldLayout layout = held_layout(schedule, plan, grad_per_row);
-    if (s > 0) {  // the held blocks' accumulators, sent by the left rank after its step s − 1
-      travel.incoming.resize(static_cast<size_t>(layout.total));
-      for (size_t slot = 0; slot < plan.held.size(); ++slot) {
-        const int b = plan.held[slot];
-        exchange.receive(travel.incoming.data() + layout.offsets[slot],
-                         schedule.k_blocks(plan.origin)[b].size() * grad_per_row * 4, ring.left(),
-                         grad_tag(b));
-      }
-    }
-    travel.scratch.assign(static_cast<size_t>(layout.total), 0.0f);
-    std::vector<detail::KvGradBlock> step_grads;
-    for (size_t slot = 0; slot < plan.held.size(); ++slot) {
-      step_grads.push_back(
-          packing.grad_view(travel.scratch.data() + layout.offsets[slot],
-                            schedule.k_blocks(plan.origin)[plan.held[slot]].size()));
-    }
+    const auto share = travel.begin_step(s, exchange);
     overlap(
-        ring, exchange, [&] { state.run_step(s, held, step_grads); }, error, counted);
+        ring, exchange, [&] { state.run_step(s, held, share); }, error, counted);
     counted.bytes_sent += exchange.bytes_sent;
     exchange = Exchange(ring.comm);
     std::swap(current, next);
-
-    // accumulator = what came from the left + this step's share; then on, or home.
-    if (s > 0) {
-      for (size_t n = 0; n < travel.scratch.size(); ++n) travel.incoming[n] += travel.scratch[n];
-      std::swap(travel.incoming, travel.outgoing);
-    } else {
-      std::swap(travel.scratch, travel.outgoing);
-    }
-    for (size_t slot = 0; slot < plan.held.size(); ++slot) {
-      const int b = plan.held[slot];
-      const int64_t floats = schedule.k_blocks(plan.origin)[b].size() * grad_per_row;
-      float* acc = travel.outgoing.data() + layout.offsets[slot];
-      const int hops = schedule.last_hop(plan.origin, b);
-      if (hops > s) {
-        exchange.send(acc, floats * 4, ring.right(), grad_tag(b));
-      } else if (s > 0) {
-        exchange.send(acc, floats * 4, plan.origin, home_tag(b));
-      } else {
-        std::copy_n(acc, floats, travel.own[b].begin());
-      }
-    }
-    if (s + 1 == ring.world) {  // the last sends go with the home receives
-      counted.bytes_sent += exchange.bytes_sent;
-      const auto start = Clock::now();
-      exchange.wait();
-      home.wait();
-      counted.wait_seconds += seconds_since(start);
-    }
+    travel.end_step(s, exchange);
   }
+  counted.bytes_sent += exchange.bytes_sent;  // the last step's sums, on their way home
+  const auto start = Clock::now();
+  exchange.wait();
+  travel.wait_home();
+  counted.wait_seconds += seconds_since(start);
   detail::agree_or_throw(ring.comm, who, error);
 
   std::vector<float> dsinks = state.dsinks.values, dbias = state.dbias.values;
   if (!grads.dsinks.is_null()) sum_in_rank_order(ring, dsinks);
   if (!grads.dbias.is_null()) sum_in_rank_order(ring, dbias);
   state.finish(local_blocks(grads.dq, q_rows), grads.accumulate);
-  int64_t local_first = 0;
-  for (size_t b = 0; b < own_k.size(); ++b) {
-    const detail::KvGradBlock block = packing.grad_view(travel.own[b].data(), own_k[b].size());
-    detail::store_f32(static_cast<const float*>(block.dk.data()),
-                      row_slice(grads.dk, local_first, own_k[b].size()), grads.accumulate);
-    detail::store_f32(static_cast<const float*>(block.dv.data()),
-                      row_slice(grads.dv, local_first, own_k[b].size()), grads.accumulate);
-    local_first += own_k[b].size();
-  }
+  travel.store(grads);
   if (!grads.dsinks.is_null()) detail::store_f32(dsinks.data(), grads.dsinks, grads.accumulate);
   if (!grads.dbias.is_null()) detail::store_f32(dbias.data(), grads.dbias, grads.accumulate);
   fill_stats(stats, counted, state.calls, state.skipped, state.compute_seconds, mask, q,

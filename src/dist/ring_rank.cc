@@ -1,5 +1,6 @@
 #include "dist/ring_rank.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -125,6 +126,45 @@ KvGradBlock KvPacking::grad_view(float* block, int64_t rows) const {
           MutableTensorView(block + k_floats, {batch, kv_heads, rows, value_dim})};
 }
 
+// ---- merging
+// -------------------------------------------------------------------------------------
+
+// acc ← the merge of acc and part, row by row: merge_partials's arithmetic for two parts
+// (kernels/merge.cc: f64 weights exp(LSE_c − max), sum, divide, round to f32; a NaN LSE gives a
+// NaN row, two −inf give 0 and −inf), with each part's weight computed once per row instead of
+// once per element — the same values, bit for bit, at a fraction of the cost. In place.
+void merge_into(F32Tensor& acc_out, F32Tensor& acc_lse, const F32Tensor& part_out,
+                const F32Tensor& part_lse) {
+  const size_t rows = acc_lse.values.size();
+  const size_t width = rows == 0 ? 0 : acc_out.values.size() / rows;
+  for (size_t r = 0; r < rows; ++r) {
+    float* out = acc_out.values.data() + r * width;
+    const float* part = part_out.values.data() + r * width;
+    const float lse_a = acc_lse.values[r], lse_b = part_lse.values[r];
+    if (std::isnan(lse_a) || std::isnan(lse_b)) {
+      std::fill_n(out, width, NAN);
+      acc_lse.values[r] = NAN;
+      continue;
+    }
+    const double top = std::max(
+        {static_cast<double>(-INFINITY), static_cast<double>(lse_a), static_cast<double>(lse_b)});
+    if (top == -INFINITY) {
+      std::fill_n(out, width, 0.0f);
+      acc_lse.values[r] = -INFINITY;
+      continue;
+    }
+    const double weight_a = std::exp(lse_a - top), weight_b = std::exp(lse_b - top);
+    const double total = std::exp(-INFINITY - top) + weight_a + weight_b;
+    for (size_t e = 0; e < width; ++e) {
+      double sum = 0.0;
+      if (weight_a != 0.0) sum += weight_a * out[e];
+      if (weight_b != 0.0) sum += weight_b * part[e];
+      out[e] = static_cast<float>(sum / total);
+    }
+    acc_lse.values[r] = static_cast<float>(top + std::log(total));
+  }
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 
 ForwardRank::ForwardRank(const RingCallContext& context, int rank, std::vector<TensorView> q_blocks,
@@ -137,8 +177,6 @@ ForwardRank::ForwardRank(const RingCallContext& context, int rank, std::vector<T
     lse_acc_.emplace_back(lse_dims, -INFINITY);
     out_part_.emplace_back(out_dims, 0.0f);
     lse_part_.emplace_back(lse_dims, 0.0f);
-    out_merged_.emplace_back(out_dims, 0.0f);
-    lse_merged_.emplace_back(lse_dims, 0.0f);
   }
   has_part_.assign(q_blocks_.size(), false);
 }
@@ -162,11 +200,7 @@ void ForwardRank::run_step(int step, const std::vector<KvBlock>& held) {
       has_part_[a] = true;
       continue;
     }
-    merge_partials(
-        {{out_acc_[a].view(), lse_acc_[a].view()}, {out_part_[a].view(), lse_part_[a].view()}},
-        out_merged_[a].mutable_view(), lse_merged_[a].mutable_view());
-    std::swap(out_acc_[a], out_merged_[a]);
-    std::swap(lse_acc_[a], lse_merged_[a]);
+    merge_into(out_acc_[a], lse_acc_[a], out_part_[a], lse_part_[a]);
   }
   compute_seconds += seconds_since(start);
   calls += static_cast<int64_t>(plan.calls.size());

@@ -4,9 +4,9 @@
 // (MPI).
 //
 // Forward: each call of a step writes an f32 part (out, lse) of one query block against one key
-// block in the global frame; parts are merged into the block's f32 accumulator with
-// merge_partials in the schedule's order (step, then key block), and rounded to the output dtype
-// once, in finish().
+// block in the global frame; parts are merged into the block's f32 accumulator (merge_into:
+// merge_partials's arithmetic) in the schedule's order (step, then key block), and rounded to the
+// output dtype once, in finish().
 //
 // Backward: dQ accumulates (Gradients::accumulate, f32) over every call of every step; the dK/dV
 // of a held block are this step's contributions alone, in f32 buffers the caller provides and
@@ -43,6 +43,10 @@ void store_f32(const float* src, const MutableTensorView& dst, bool add);
 inline void store_f32(const F32Tensor& src, const MutableTensorView& dst, bool add) {
   store_f32(src.values.data(), dst, add);
 }
+
+// acc ← merge_partials({acc, part}), bit for bit, in place; out [.., rows, Dv], lse [.., rows].
+void merge_into(F32Tensor& acc_out, F32Tensor& acc_lse, const F32Tensor& part_out,
+                const F32Tensor& part_lse);
 
 struct KvBlock {
   TensorView k, v;
@@ -94,7 +98,7 @@ class ForwardRank {
   RingCallContext context_;
   int rank_;
   std::vector<TensorView> q_blocks_;
-  std::vector<F32Tensor> out_acc_, lse_acc_, out_part_, lse_part_, out_merged_, lse_merged_;
+  std::vector<F32Tensor> out_acc_, lse_acc_, out_part_, lse_part_;
   std::vector<bool> has_part_;
 };
 
