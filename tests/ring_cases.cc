@@ -216,4 +216,27 @@ bool OutBuffer::same_bits(const OutBuffer& other) const {
          std::memcmp(words.data(), other.words.data(), bytes) == 0;
 }
 
+RingResults::RingResults(const RingProblem& p)
+    : out(p.c.dtype, p.out_dims()),
+      lse(DType::f32, {p.c.batch, p.c.q_heads, p.c.q_len}),
+      dq(p.c.dtype, p.q_dims()),
+      dk(p.c.dtype, p.k_dims()),
+      dv(p.c.dtype, p.v_dims()),
+      dsinks(DType::f32, {p.c.q_heads}),
+      dbias(DType::f32, p.c.mods.bias ? p.c.mods.bias->shape() : Dims{1}) {}
+
+Gradients RingResults::grads(const RingCase& c, OutBuffer& into_dq, OutBuffer& into_dk,
+                             OutBuffer& into_dv) {
+  Gradients g;
+  g.dq = into_dq.view();
+  g.dk = into_dk.view();
+  g.dv = into_dv.view();
+  if (!c.mods.sinks.empty()) g.dsinks = dsinks.view();
+  if (c.mods.bias) {
+    g.dbias = dbias.view();
+    g.accumulate = true;
+  }
+  return g;
+}
+
 }  // namespace maskattn::test

@@ -50,4 +50,15 @@ struct OutBuffer {
   bool same_bits(const OutBuffer& other) const;
 };
 
+// A case's results: out, dq, dk, dv in its dtype; lse, dsinks, dbias in f32.
+struct RingResults {
+  OutBuffer out, lse, dq, dk, dv, dsinks, dbias;
+  explicit RingResults(const RingProblem& p);
+  // dq, dk and dv into `dq`, `dk`, `dv` (default: this result's own), dsinks and dbias when the
+  // case has sinks or a bias. A bias gradient is added into zeros (accumulate): the ring sums it
+  // over ranks, and the single call must round it the same way.
+  Gradients grads(const RingCase& c, OutBuffer& into_dq, OutBuffer& into_dk, OutBuffer& into_dv);
+  Gradients grads(const RingCase& c) { return grads(c, dq, dk, dv); }
+};
+
 }  // namespace maskattn::test

@@ -16,31 +16,12 @@ namespace {
 using dist::Layout;
 using dist::RingOptions;
 
-struct Results {
-  OutBuffer out, lse, dq, dk, dv, dsinks, dbias;
-  explicit Results(const RingProblem& p)
-      : out(p.c.dtype, p.out_dims()),
-        lse(DType::f32, {p.c.batch, p.c.q_heads, p.c.q_len}),
-        dq(p.c.dtype, p.q_dims()),
-        dk(p.c.dtype, p.k_dims()),
-        dv(p.c.dtype, p.v_dims()),
-        dsinks(DType::f32, {p.c.q_heads}),
-        dbias(DType::f32, p.c.mods.bias ? p.c.mods.bias->shape() : Dims{1}) {}
-  Gradients grads(const RingProblem& p) {
-    Gradients g{dq.view(), dk.view(), dv.view(), {}, {}, false};
-    if (!p.c.mods.sinks.empty()) g.dsinks = dsinks.view();
-    if (p.c.mods.bias) {
-      g.dbias = dbias.view();
-      g.accumulate = true;  // a bias gradient is always added (zeros first)
-    }
-    return g;
-  }
-};
+using Results = test::RingResults;
 
 Results single_call(const RingProblem& p) {
   Results r(p);
   attention(p.q(), p.k(), p.v(), r.out.view(), p.c.mask, p.c.mods, {}, r.lse.view());
-  attention_backward(p.q(), p.k(), p.v(), r.out.view(), r.lse.view(), p.dout(), r.grads(p),
+  attention_backward(p.q(), p.k(), p.v(), r.out.view(), r.lse.view(), p.dout(), r.grads(p.c),
                      p.c.mask, p.c.mods);
   return r;
 }
@@ -53,7 +34,7 @@ Results ring(const RingProblem& p, int world, Layout layout) {
   dist::ring_emulation(world, p.q(), p.k(), p.v(), r.out.view(), p.c.mask, p.c.mods, options,
                        r.lse.view());
   dist::ring_emulation_backward(world, p.q(), p.k(), p.v(), r.out.view(), r.lse.view(), p.dout(),
-                                r.grads(p), p.c.mask, p.c.mods, options);
+                                r.grads(p.c), p.c.mask, p.c.mods, options);
   return r;
 }
 

@@ -70,28 +70,7 @@ struct Shards {
   }
 };
 
-// Whole-problem results in the case's dtype (out, dq, dk, dv) and f32 (lse, dsinks, dbias).
-struct Whole {
-  OutBuffer out, lse, dq, dk, dv, dsinks, dbias;
-  explicit Whole(const RingProblem& p)
-      : out(p.c.dtype, p.out_dims()),
-        lse(DType::f32, {p.c.batch, p.c.q_heads, p.c.q_len}),
-        dq(p.c.dtype, p.q_dims()),
-        dk(p.c.dtype, p.k_dims()),
-        dv(p.c.dtype, p.v_dims()),
-        dsinks(DType::f32, {p.c.q_heads}),
-        dbias(DType::f32, p.c.mods.bias ? p.c.mods.bias->shape() : Dims{1}) {}
-};
-
-Gradients gradients(const RingCase& c, OutBuffer& dq, OutBuffer& dk, OutBuffer& dv, Whole& w) {
-  Gradients g{dq.view(), dk.view(), dv.view(), {}, {}, false};
-  if (!c.mods.sinks.empty()) g.dsinks = w.dsinks.view();
-  if (c.mods.bias) {
-    g.dbias = w.dbias.view();
-    g.accumulate = true;
-  }
-  return g;
-}
+using Whole = test::RingResults;
 
 void check_case(const RingCase& c, Layout layout) {
   const int world = world_size();
@@ -113,7 +92,7 @@ void check_case(const RingCase& c, Layout layout) {
     dist::ring_emulation(world, p.q(), p.k(), p.v(), want.out.view(), c.mask, c.mods, options,
                          want.lse.view(), &want_stats);
   }
-  Gradients want_grads = gradients(c, want.dq, want.dk, want.dv, want);
+  Gradients want_grads = want.grads(c);
   if (world == 1) {
     attention_backward(p.q(), p.k(), p.v(), want.out.view(), want.lse.view(), p.dout(), want_grads,
                        c.mask, c.mods, options.base);
@@ -145,7 +124,7 @@ void check_case(const RingCase& c, Layout layout) {
   OutBuffer dq(c.dtype, shards.q.dims), dk(c.dtype, shards.k.dims), dv(c.dtype, shards.v.dims);
   dist::ring_attention_backward(MPI_COMM_WORLD, c.q_len, c.k_len, view_of(shards.q),
                                 view_of(shards.k), view_of(shards.v), view_of(out), view_of(lse),
-                                view_of(shards.dout), gradients(c, dq, dk, dv, got), c.mask, c.mods,
+                                view_of(shards.dout), got.grads(c, dq, dk, dv), c.mask, c.mods,
                                 options, &stats);
   if (world > 1) {
     EXPECT_EQ(stats.bytes_sent, want_backward_stats[world_rank()].bytes_sent) << what;
