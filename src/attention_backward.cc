@@ -1,6 +1,5 @@
 // attention_backward(): validate once at the boundary, then run the reference or fused backward.
 // Every check here has an entry in docs/errors.md.
-#include <array>
 #include <string>
 #include <utility>
 #include <vector>
@@ -8,6 +7,7 @@
 #include "core/block_skipping.h"
 #include "core/element.h"
 #include "core/reused.h"
+#include "core/store_f32.h"
 #include "kernels/fused_backward.h"
 #include "kernels/reference.h"
 #include "maskattn/attention.h"
@@ -33,23 +33,6 @@ void require_input(const TensorView& t, const Dims& expected, DType dtype, const
   }
 }
 
-// Every element of `into` += the same element of `add` (a contiguous f32 view of its sizes),
-// rounded once into `into`'s dtype.
-void add_into(const MutableTensorView& into, const float* add) {
-  const Dims sizes = into.sizes();
-  std::array<int64_t, TensorView::kMaxRank> index{};
-  const int64_t count = into.numel();
-  for (int64_t n = 0; n < count; ++n) {
-    int64_t rest = n;
-    for (int axis = into.rank() - 1; axis >= 0; --axis) {
-      index[axis] = rest % sizes[axis];
-      rest /= sizes[axis];
-    }
-    const int64_t offset = into.offset(index);
-    detail::store_float(into, offset, detail::load_float(into, offset) + add[n]);
-  }
-}
-
 // grads.accumulate: the call's own gradients go to f32 scratch (per thread, reused: no page
 // faults per call), with the same kernel and so the same bits as without accumulate; then they
 // are added into the caller's views. The extra pass is O(rows·D) against the kernel's
@@ -71,7 +54,7 @@ void run_accumulating(const Gradients& grads, RunKernel&& run) {
   }
   run(Gradients{views[0], views[1], views[2], views[3], views[4], false});
   for (int n = 0; n < 5; ++n) {
-    if (!targets[n]->is_null()) add_into(*targets[n], buffers[n]->data());
+    if (!targets[n]->is_null()) detail::store_f32(buffers[n]->data(), *targets[n], true);
   }
 }
 

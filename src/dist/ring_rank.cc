@@ -6,8 +6,6 @@
 #include <cstring>
 #include <utility>
 
-#include "core/element.h"
-
 namespace maskattn::dist::detail {
 namespace {
 
@@ -49,22 +47,6 @@ F32Tensor::F32Tensor(Dims sizes, float fill) : dims(std::move(sizes)) {
   int64_t count = 1;
   for (int64_t size : dims) count *= size;
   values.assign(static_cast<size_t>(count), fill);
-}
-
-void store_f32(const float* src, const MutableTensorView& dst, bool add) {
-  const int rank = dst.rank();
-  std::array<int64_t, TensorView::kMaxRank> index{};
-  const int64_t count = dst.numel();
-  for (int64_t n = 0; n < count; ++n) {
-    const int64_t offset = dst.offset(index);
-    float value = src[n];
-    if (add) value = maskattn::detail::load_float(dst, offset) + value;
-    maskattn::detail::store_float(dst, offset, value);
-    for (int axis = rank - 1; axis >= 0; --axis) {  // row-major increment of the index
-      if (++index[axis] < dst.size(axis)) break;
-      index[axis] = 0;
-    }
-  }
 }
 
 // ---- packing ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/store_f32.h"
 #include "dist/ring_schedule.h"
 #include "maskattn/attention.h"
 
@@ -37,9 +38,8 @@ struct F32Tensor {
   MutableTensorView mutable_view() { return MutableTensorView(values.data(), dims); }
 };
 
-// dst (any dtype, any strides) = src, or dst + src when `add`, rounded once to dst's dtype.
-// `src` is contiguous in dst's shape.
-void store_f32(const float* src, const MutableTensorView& dst, bool add);
+// dst = src, or dst + src when `add`, rounded once to dst's dtype (core/store_f32.h).
+using maskattn::detail::store_f32;
 inline void store_f32(const F32Tensor& src, const MutableTensorView& dst, bool add) {
   store_f32(src.values.data(), dst, add);
 }
