@@ -134,10 +134,7 @@ int main(int argc, char** argv) {
     dist::RingOptions options;
     options.base.threads = c.threads;
     options.layout = c.layout == "zigzag" ? dist::Layout::zigzag : dist::Layout::contiguous;
-    int64_t rows = 0;
-    for (const dist::RowRange& range : dist::local_ranges(c.n, options.layout, rank, world)) {
-      rows += range.size();
-    }
+    const int64_t rows = dist::row_count(dist::local_ranges(c.n, options.layout, rank, world));
     dist::RingStats warmup;
     timed_ring(c, mask, options, rows, &warmup);
     std::vector<double> times;

@@ -120,10 +120,8 @@ void require_output(const MutableTensorView& t, const Dims& expected, DType dtyp
 
 void require_result(const MutableTensorView& t, const Dims& expected, DType input_dtype,
                     const std::string& name, const std::string& derived_from) {
-  const bool widened = t.dtype() == DType::f32 && !t.is_null();
-  if (widened || input_dtype == DType::f32) {
-    require_output(t, expected, input_dtype == DType::f32 ? input_dtype : DType::f32, name,
-                   derived_from);
+  if (t.dtype() == DType::f32 || input_dtype == DType::f32) {
+    require_output(t, expected, DType::f32, name, derived_from);
     return;
   }
   require_view(t, static_cast<int>(expected.size()), name, shape_string(expected).c_str());

@@ -36,6 +36,8 @@ struct RowRange {
 // global_len below `world`, or a zigzag cut of fewer than 2P rows that leaves a rank empty, is an
 // Error (E113). Callers use it to place RoPE positions and to cut their inputs.
 std::vector<RowRange> local_ranges(int64_t global_len, Layout layout, int rank, int world);
+// How many rows the ranges hold (a rank's local length).
+int64_t row_count(const std::vector<RowRange>& rows);
 
 struct RingOptions {
   Options base;  // scale, kernel, threads, products; base.frame must be the default

@@ -77,4 +77,10 @@ std::vector<RowRange> local_ranges(int64_t global_len, Layout layout, int rank, 
   return ranges_of(global_len, layout, rank, world);
 }
 
+int64_t row_count(const std::vector<RowRange>& rows) {
+  int64_t count = 0;
+  for (const RowRange& range : rows) count += range.size();
+  return count;
+}
+
 }  // namespace maskattn::dist

@@ -201,9 +201,7 @@ RingSchedule checked_schedule(const Ring& ring, const char* who, bool backward, 
     detail::check_ring_options(who, options);
     const auto q_rows = local_ranges(q_len, options.layout, ring.rank, ring.world);
     const auto k_rows = local_ranges(k_len, options.layout, ring.rank, ring.world);
-    int64_t nq = 0, nk = 0;
-    for (const RowRange& r : q_rows) nq += r.size();
-    for (const RowRange& r : k_rows) nk += r.size();
+    const int64_t nq = row_count(q_rows), nk = row_count(k_rows);
     if (backward) {
       detail::check_backward_inputs(who, in, mask, mods, options, nq, nk, q_rows[0].first,
                                     k_rows[0].first, q_len, k_len);

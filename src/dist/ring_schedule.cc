@@ -68,10 +68,10 @@ int64_t RingSchedule::k_local_first(int rank, int block) const {
   return stacked_first(k_blocks_[rank], block);
 }
 int64_t RingSchedule::q_rows(int rank) const {
-  return stacked_first(q_blocks_[rank], static_cast<int>(q_blocks_[rank].size()));
+  return row_count(q_blocks_[rank]);
 }
 int64_t RingSchedule::k_rows(int rank) const {
-  return stacked_first(k_blocks_[rank], static_cast<int>(k_blocks_[rank].size()));
+  return row_count(k_blocks_[rank]);
 }
 
 RingSchedule make_schedule(const Mask& mask, int64_t batch, int64_t q_heads, int64_t q_len,

@@ -116,6 +116,8 @@ BroadcastStrides check_layout(const component::BlockSparse& sparse, const MaskSh
   }
 }
 
+}  // namespace
+
 // The whole problem's shape: the call's, with the frame's totals. A frame must contain the call.
 MaskShape framed_shape(const MaskShape& call, const Frame& frame) {
   if (call.batch < 0 || call.q_heads < 0 || call.q_len < 0 || call.k_len < 0) {
@@ -143,8 +145,6 @@ MaskShape framed_shape(const MaskShape& call, const Frame& frame) {
           whole(frame.q_offset, frame.q_total, call.q_len, "q_offset", "q_total", "Lq"),
           whole(frame.k_offset, frame.k_total, call.k_len, "k_offset", "k_total", "Lk")};
 }
-
-}  // namespace
 
 ResolvedMask::ResolvedMask(const Mask& mask, const MaskShape& call_shape, const Frame& frame)
     : shape_(call_shape), global_(framed_shape(call_shape, frame)), mask_(&mask) {

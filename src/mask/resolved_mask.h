@@ -26,6 +26,10 @@ inline int64_t saturating_add(int64_t a, int64_t b) {
   return sum;
 }
 
+// The whole problem's shape: the call's, with the frame's totals (mask.h). Throws Error (E127)
+// when the frame does not contain the call.
+MaskShape framed_shape(const MaskShape& call, const Frame& frame);
+
 class ResolvedMask {
  public:
   // Throws Error when a component does not fit the shape (batch size, lengths, heads, broadcast).

@@ -29,10 +29,7 @@ const float* per_head(const std::vector<float>& values, const MaskShape& shape, 
 ResolvedMods::ResolvedMods(const ScoreMods& mods, const MaskShape& call_shape, const Frame& frame,
                            bool count_sinks)
     : q_origin(frame.q_offset), k_origin(frame.k_offset) {
-  // The frame was checked by ResolvedMask; the totals give the whole problem's shape.
-  MaskShape shape = call_shape;
-  if (frame.q_total >= 0) shape.q_len = frame.q_total;
-  if (frame.k_total >= 0) shape.k_len = frame.k_total;
+  const MaskShape shape = framed_shape(call_shape, frame);
   if (mods.softcap) {
     if (!(*mods.softcap > 0.0) || !std::isfinite(*mods.softcap)) {
       throw Error("softcap = " + std::to_string(*mods.softcap) +

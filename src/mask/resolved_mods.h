@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "mask/broadcast.h"
+#include "mask/resolved_mask.h"
 #include "maskattn/mask.h"
 #include "maskattn/score_mods.h"
 

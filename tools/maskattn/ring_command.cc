@@ -102,7 +102,7 @@ RingProblem read_problem(MPI_Comm comm, const Args& args,
 // [B,H,L,W] with L replaced by this rank's row count.
 Dims local_shape(const Dims& shape, const std::vector<dist::RowRange>& rows) {
   Dims local = shape;
-  local[2] = total_rows(rows);
+  local[2] = dist::row_count(rows);
   return local;
 }
 
@@ -165,7 +165,7 @@ int run_attend_ring(const AttendArgs& args) {
     v_local.emplace(read_rows(p.v(), p.k_rows, p.dtype));
     out.emplace(p.dtype, local_shape(out_shape, p.q_rows));
     if (!args.lse.empty()) {
-      lse.emplace(DType::f32, Dims{q.shape[0], q.shape[1], total_rows(p.q_rows)});
+      lse.emplace(DType::f32, Dims{q.shape[0], q.shape[1], dist::row_count(p.q_rows)});
     }
   });
   RingOutputs files(comm);
@@ -187,7 +187,7 @@ int run_attend_ring(const AttendArgs& args) {
     }
   });
   if (!args.ring_stats.empty()) {
-    print_ring_stats(comm, "forward", stats, seconds, total_rows(p.q_rows));
+    print_ring_stats(comm, "forward", stats, seconds, dist::row_count(p.q_rows));
   }
   on_every_rank(comm, [&] {
     files.write(out_file, *out, p.q_rows);
@@ -211,7 +211,7 @@ int run_grad_ring(const GradArgs& args) {
     k_local.emplace(read_rows(k, p.k_rows, p.dtype));
     v_local.emplace(read_rows(v, p.k_rows, p.dtype));
     dout_local.emplace(read_rows(p.inputs[3], p.q_rows, p.dtype));
-    const int64_t rows = total_rows(p.q_rows);
+    const int64_t rows = dist::row_count(p.q_rows);
     out.emplace(p.dtype, Dims{q.shape[0], q.shape[1], rows, v.shape[3]});
     lse.emplace(DType::f32, Dims{q.shape[0], q.shape[1], rows});
     dq.emplace(p.dtype, local_shape(q.shape, p.q_rows));
@@ -247,8 +247,8 @@ int run_grad_ring(const GradArgs& args) {
     }
   });
   if (!args.ring_stats.empty()) {
-    print_ring_stats(comm, "forward", stats[0], seconds[0], total_rows(p.q_rows));
-    print_ring_stats(comm, "backward", stats[1], seconds[1], total_rows(p.q_rows));
+    print_ring_stats(comm, "forward", stats[0], seconds[0], dist::row_count(p.q_rows));
+    print_ring_stats(comm, "backward", stats[1], seconds[1], dist::row_count(p.q_rows));
   }
   on_every_rank(comm, [&] {
     files.write(dq_file, *dq, p.q_rows);

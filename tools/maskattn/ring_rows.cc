@@ -11,12 +11,6 @@
 
 namespace maskattn::cli {
 
-int64_t total_rows(const std::vector<dist::RowRange>& rows) {
-  int64_t count = 0;
-  for (const dist::RowRange& range : rows) count += range.size();
-  return count;
-}
-
 TensorBuffer read_rows(const InputTensor& input, const std::vector<dist::RowRange>& rows,
                        DType dtype) {
   const int64_t batch = input.shape[0], heads = input.shape[1], length = input.shape[2],
@@ -24,7 +18,7 @@ TensorBuffer read_rows(const InputTensor& input, const std::vector<dist::RowRang
   const uint8_t* bytes = input.file->c_order_data();
   std::optional<NpyArray> c_order;  // a Fortran-order or unaligned file: read whole, once
   if (bytes == nullptr) bytes = c_order.emplace(input.file->to_array()).bytes().data();
-  TensorBuffer local(dtype, {batch, heads, total_rows(rows), dim});
+  TensorBuffer local(dtype, {batch, heads, dist::row_count(rows), dim});
   size_t next = 0;  // the local buffer is filled in its C order: (b, h, stacked row, d)
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < heads; ++h) {

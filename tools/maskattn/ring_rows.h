@@ -16,9 +16,6 @@
 
 namespace maskattn::cli {
 
-// Rows of the sequence axis, and how many they are in all.
-int64_t total_rows(const std::vector<dist::RowRange>& rows);
-
 // The rank's rows of `input` ([B,H,L,D] as load_input sees it) as a contiguous [B,H,n,D] buffer
 // in `dtype`, each value rounded once as ComputeInput rounds it. The file stays memory-mapped:
 // only the pages of these rows are read.
