@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "dist/ring_rank.h"
-#include "dist/ring_schedule.h"
+#include "ring/ring_rank.h"
+#include "ring/ring_schedule.h"
 #include "maskattn/ring.h"
 #include "test_util.h"
 

@@ -1,4 +1,4 @@
-#include "dist/ring_rank.h"
+#include "ring/ring_rank.h"
 
 #include <algorithm>
 #include <chrono>

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/store_f32.h"
-#include "dist/ring_schedule.h"
+#include "ring/ring_schedule.h"
 #include "maskattn/attention.h"
 
 namespace maskattn::dist::detail {

@@ -1,6 +1,6 @@
-#include "dist/ring_checks.h"
+#include "ring/ring_checks.h"
 
-#include "dist/ring_rank.h"
+#include "ring/ring_rank.h"
 #include "maskattn/error.h"
 
 namespace maskattn::dist::detail {

@@ -1,4 +1,4 @@
-#include "dist/ring_schedule.h"
+#include "ring/ring_schedule.h"
 
 namespace maskattn::dist::detail {
 namespace {

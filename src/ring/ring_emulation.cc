@@ -5,9 +5,9 @@
 // study a schedule (RingStats) without starting processes.
 #include <vector>
 
-#include "dist/ring_checks.h"
-#include "dist/ring_rank.h"
-#include "dist/ring_schedule.h"
+#include "ring/ring_checks.h"
+#include "ring/ring_rank.h"
+#include "ring/ring_schedule.h"
 #include "maskattn/ring.h"
 
 namespace maskattn::dist {

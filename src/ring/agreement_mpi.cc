@@ -1,4 +1,4 @@
-#include "dist/agreement_mpi.h"
+#include "ring/agreement_mpi.h"
 
 #include <exception>
 

@@ -48,10 +48,10 @@
 #include <thread>
 #include <tuple>
 
-#include "dist/agreement_mpi.h"
-#include "dist/ring_checks.h"
-#include "dist/ring_rank.h"
-#include "dist/ring_schedule.h"
+#include "ring/agreement_mpi.h"
+#include "ring/ring_checks.h"
+#include "ring/ring_rank.h"
+#include "ring/ring_schedule.h"
 
 namespace maskattn::dist {
 namespace {

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "dist/ring_schedule.h"
+#include "ring/ring_schedule.h"
 #include "maskattn/attention.h"
 
 namespace maskattn::dist::detail {
