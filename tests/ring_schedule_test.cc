@@ -6,9 +6,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "maskattn/ring.h"
 #include "ring/ring_rank.h"
 #include "ring/ring_schedule.h"
-#include "maskattn/ring.h"
 #include "test_util.h"
 
 namespace maskattn::dist {

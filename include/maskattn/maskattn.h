@@ -1,4 +1,7 @@
-// maskattn: masked scaled-dot-product attention. The whole public API.
+// maskattn: masked scaled-dot-product attention. The public API of the attention library
+// (maskattn::maskattn). The other components have their own headers: heatmaps and plots
+// (maskattn/heatmap.h, maskattn/plot.h: maskattn::viz), the tiny GPT (maskattn/model/*.h:
+// maskattn::model) and the ring over MPI (maskattn/dist/ring_mpi.h: maskattn::distributed).
 #pragma once
 
 #include "maskattn/array.h"
@@ -8,14 +11,12 @@
 #include "maskattn/error.h"
 #include "maskattn/gradcheck.h"
 #include "maskattn/health.h"
-#include "maskattn/heatmap.h"
 #include "maskattn/kv_cache.h"
 #include "maskattn/mask.h"
 #include "maskattn/mask_spec.h"
 #include "maskattn/memory.h"
 #include "maskattn/multihead.h"
 #include "maskattn/npy.h"
-#include "maskattn/plot.h"
 #include "maskattn/score_mods.h"
 #include "maskattn/shape.h"
 #include "maskattn/sparse_layouts.h"

@@ -1,7 +1,7 @@
 #include "ring/ring_checks.h"
 
-#include "ring/ring_rank.h"
 #include "maskattn/error.h"
+#include "ring/ring_rank.h"
 
 namespace maskattn::dist::detail {
 namespace {

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <string>
 
-#include "ring/ring_schedule.h"
 #include "maskattn/attention.h"
+#include "ring/ring_schedule.h"
 
 namespace maskattn::dist::detail {
 

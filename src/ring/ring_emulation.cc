@@ -5,10 +5,10 @@
 // study a schedule (RingStats) without starting processes.
 #include <vector>
 
+#include "maskattn/ring.h"
 #include "ring/ring_checks.h"
 #include "ring/ring_rank.h"
 #include "ring/ring_schedule.h"
-#include "maskattn/ring.h"
 
 namespace maskattn::dist {
 namespace {
