@@ -28,20 +28,20 @@ int main(int argc, char** argv) {
   app.add_option("--mask", c.mask,
                  "none | causal | window:W | padded | longformer:W:G[:spread] | "
                  "bigbird:BLOCK:S:G:R | dense-longformer:… | dense-bigbird:…");
-  app.add_option("--dtype", dtype)->check(CLI::IsMember({"f32", "f16", "bf16"}));
-  app.add_option("--kernel", kernel)->check(CLI::IsMember({"fused", "reference"}));
+  app.add_option("--dtype", dtype, "f32 | f16 | bf16");
+  app.add_option("--kernel", kernel, "fused | reference | auto");
   app.add_option("--threads", threads);
   app.add_option("--pass", pass, "forward | backward")
       ->check(CLI::IsMember({"forward", "backward"}));
   app.add_option("--repeat", repeat)->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
-  c.dtype = dtype == "f16" ? DType::f16 : dtype == "bf16" ? DType::bf16 : DType::f32;
 
   try {
+    c.dtype = parse_dtype(dtype, "--dtype");
     bench::Tensors tensors(c);
     Options options;
     options.threads = threads;
-    options.kernel = kernel == "reference" ? Kernel::reference : Kernel::fused;
+    options.kernel = parse_kernel(kernel, "--kernel");
     const auto run = [&] {
       if (pass == "backward") {
         tensors.run_backward(options);

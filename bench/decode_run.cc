@@ -36,10 +36,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "core/splitmix64.h"
 #include "maskattn/attention.h"
 #include "maskattn/dtype.h"
 #include "maskattn/kv_cache.h"
@@ -86,8 +86,7 @@ void add_options(CLI::App& app, Config& c) {
   app.add_option("--kv-heads", c.kv_heads, "0 = heads");
   app.add_option("--batch", c.batch)->check(CLI::PositiveNumber);
   app.add_option("--lengths", c.lengths, "cached lengths, comma separated")->delimiter(',');
-  app.add_option("--dtype", c.dtype_name, "the cache's element type")
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  app.add_option("--dtype", c.dtype_name, "the cache's element type: f32 | f16 | bf16");
   app.add_option("--threads", c.threads, "0 = OpenMP's default");
   app.add_option("--repeat", c.repeat)->check(CLI::Range(1, 100000));
   app.add_option("--warmup", c.warmup)->check(CLI::Range(0, 100000));
@@ -238,7 +237,7 @@ class DecodeBench {
 
  private:
   void fill(std::vector<float>& values) {
-    for (float& value : values) value = uniform_(random_);
+    for (float& value : values) value = static_cast<float>(random_.uniform(-1.0, 1.0));
   }
 
   const Config& c_;
@@ -246,8 +245,7 @@ class DecodeBench {
   maskattn::MultiHeadAttention layer_;
   maskattn::KVCache cache_;
   maskattn::LayerOptions options_;
-  std::mt19937_64 random_{2};
-  std::uniform_real_distribution<float> uniform_{-1.0f, 1.0f};
+  maskattn::detail::SplitMix64 random_{2};
   std::vector<float> prompt_, prompt_out_, token_, token_out_, eviction_;
   std::vector<uint8_t> query_, heads_out_;
   volatile double sink_ = 0;  // keeps the eviction reads
@@ -261,9 +259,13 @@ int main(int argc, char** argv) {
   CLI::App app{"time one KV-cache decode step of a MultiHeadAttention layer against cached length"};
   add_options(app, config);
   CLI11_PARSE(app, argc, argv);
-  const DType dtype = config.dtype_name == "f16"    ? DType::f16
-                      : config.dtype_name == "bf16" ? DType::bf16
-                                                    : DType::f32;
+  DType dtype = DType::f32;
+  try {
+    dtype = parse_dtype(config.dtype_name, "--dtype");
+  } catch (const Error& error) {
+    std::fprintf(stderr, "decode_run: %s\n", error.what());
+    return 2;
+  }
   if (config.kv_heads == 0) config.kv_heads = config.heads;
   std::sort(config.lengths.begin(), config.lengths.end());
   if (config.lengths.empty() || config.lengths.front() < 0) {

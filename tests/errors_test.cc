@@ -11,6 +11,7 @@
 #include "kernels/amx.h"
 #include "maskattn/cpu.h"
 #include "maskattn/gradcheck.h"
+#include "maskattn/heatmap.h"
 #include "maskattn/multihead.h"
 #include "maskattn/tokens.h"
 #include "test_util.h"
@@ -548,7 +549,8 @@ TEST(Errors, E65_MixedRanks) {
 
 TEST(Errors, E66_BadKernelName) {
   CliFiles files;
-  expect_cli_error(files.attend("--kernel fast"), "--kernel: fast not in {auto,reference,fused}",
+  expect_cli_error(files.attend("--kernel fast"),
+                   "--kernel = 'fast' is not a kernel: use auto, reference or fused",
                    files.dir.path("out.npy"), 2);
 }
 
@@ -987,7 +989,26 @@ TEST(Errors, E97_ProductUnitNames) {
       "environment variable MASKATTN_PRODUCTS = 'avx' is not a product unit");
   unsetenv("MASKATTN_PRODUCTS");
   expect_cli_error("attend --products gpu --q a.npy --k a.npy --v a.npy --out o.npy",
-                   "--products: gpu not in {auto,f32,bf16-dot,amx}", "", 2);
+                   "--products = 'gpu' is not a product unit: use auto, f32, bf16-dot or amx", "",
+                   2);
+}
+
+// The one parser per name: the library's words in C++, and the same on the command line (the
+// Python side: python/tests/test_core_errors.py P09).
+TEST(Errors, E97_KernelAndDTypeNames) {
+  EXPECT_EQ(parse_kernel("reference", "kernel"), Kernel::reference);
+  EXPECT_EQ(parse_dtype("bf16", "dtype"), DType::bf16);
+  for (Kernel kernel : {Kernel::automatic, Kernel::reference, Kernel::fused})
+    EXPECT_EQ(parse_kernel(kernel_name(kernel), "kernel"), kernel);
+  EXPECT_MASKATTN_ERROR(parse_kernel("Fused", "kernel"),
+                        "kernel = 'Fused' is not a kernel: use auto, reference or fused");
+  EXPECT_MASKATTN_ERROR(parse_dtype("f64", "--dtype"),
+                        "--dtype = 'f64' is not a dtype: use f32, f16 or bf16");
+  EXPECT_MASKATTN_ERROR(parse_dtype("", "dtype"), "dtype = '' is not a dtype");
+  expect_cli_error("audit --mask causal --len 4 --dtype float64",
+                   "--dtype = 'float64' is not a dtype: use f32, f16 or bf16", "", 2);
+  expect_cli_error("gradcheck --mask causal --kernel fast",
+                   "--kernel = 'fast' is not a kernel: use auto, reference or fused", "", 2);
 }
 
 TEST(Errors, E98_ForcedProductUnitMissing) {

@@ -21,10 +21,6 @@ using test::random_values;
 
 constexpr Kernel kKernels[] = {Kernel::reference, Kernel::fused};
 
-const char* kernel_name(Kernel kernel) {
-  return kernel == Kernel::reference ? "reference" : "fused";
-}
-
 LayerOptions options_for(Kernel kernel) {
   LayerOptions options;
   options.attention.kernel = kernel;

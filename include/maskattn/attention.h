@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "maskattn/array.h"
@@ -24,6 +25,10 @@ enum class Kernel : uint8_t {
   reference,  // the f64 oracle: exact, slow, O(Lk) scratch per row
   fused,      // tiled, SIMD (runtime dispatch), skips what the mask hides, f32 accumulation
 };
+const char* kernel_name(Kernel kernel);  // "auto", "reference", "fused"
+// The inverse of kernel_name; an Error for any other text, naming `what` (an option, an argument):
+// `kernel = 'fast' is not a kernel: use auto, reference or fused` (errors.md E97).
+Kernel parse_kernel(const std::string& name, const std::string& what);
 
 // Which unit computes the fused kernels' products for bf16 inputs (f32 and f16 inputs always
 // use f32 products: no CPU we target multiplies f16 with f32 accumulation faster). `automatic`
@@ -82,6 +87,13 @@ void merge_partials(const std::vector<PartialResult>& parts, const MutableTensor
 // hidden and gets 0). Hidden pairs contribute nothing: a fully hidden row has dQ = 0, a key no
 // query sees has dK = dV = 0, exactly, whatever the inputs hold there.
 struct Gradients {
+  // Gradients{dq, dk, dv} (the usual call) and any longer prefix of the fields, without
+  // -Wmissing-field-initializers in code built with -Wextra; or default, then set fields by name.
+  Gradients() = default;
+  Gradients(MutableTensorView dq_, MutableTensorView dk_, MutableTensorView dv_,
+            MutableTensorView dbias_ = {}, MutableTensorView dsinks_ = {}, bool accumulate_ = false)
+      : dq(dq_), dk(dk_), dv(dv_), dbias(dbias_), dsinks(dsinks_), accumulate(accumulate_) {}
+
   MutableTensorView dq;  // [B, Hq, Lq, D], q's dtype
   MutableTensorView dk;  // [B, Hkv, Lk, D], summed over the query heads sharing a kv head
   MutableTensorView dv;  // [B, Hkv, Lk, Dv]
@@ -135,6 +147,10 @@ Array<uint8_t> block_map(const Mask& mask, const MaskShape& shape, int64_t tile_
 // block map rules out empty tiles, and only partial tiles are looked into. A ring skips the slice
 // pairs it says no to, their compute and their messages.
 bool any_allowed(const Mask& mask, const MaskShape& shape, const Frame& frame = {});
+// How many (b, h, i, j) pairs the mask allows in the same slice: exact, and O(tiles) in the same
+// way (full tiles count whole, partial tiles by their element masks), where summing
+// allowed_pairs() costs B·Hq·Lq·Lk. RingStats::allowed_pairs and the benchmarks count with it.
+int64_t count_allowed(const Mask& mask, const MaskShape& shape, const Frame& frame = {});
 
 // One sequence and query head of it: [Lq, Lk]. Costs Lq·Lk, whatever B and Hq are.
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape, int64_t batch, int64_t head);

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace maskattn {
 
@@ -19,7 +20,10 @@ struct bfloat16 {
 enum class DType : uint8_t { f32, f16, bf16 };
 
 const char* dtype_name(DType dtype);  // "f32", "f16", "bf16"
-size_t dtype_size(DType dtype);       // bytes per element
+// The inverse of dtype_name; an Error for any other text, naming `what` (an option, an argument):
+// `--dtype = 'f64' is not a dtype: use f32, f16 or bf16` (errors.md E97).
+DType parse_dtype(const std::string& name, const std::string& what);
+size_t dtype_size(DType dtype);  // bytes per element
 
 template <typename T>
 struct dtype_of;

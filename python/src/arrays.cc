@@ -223,11 +223,4 @@ HeadSet head_set(nb::handle heads) {
   return HeadSet(std::move(list));
 }
 
-Kernel kernel_named(const std::string& name) {
-  if (name == "auto") return Kernel::automatic;
-  if (name == "reference") return Kernel::reference;
-  if (name == "fused") return Kernel::fused;
-  throw Error("kernel must be \"auto\", \"reference\" or \"fused\", got \"" + name + "\"");
-}
-
 }  // namespace maskattn::python

@@ -59,7 +59,4 @@ nb::ndarray<nb::numpy, T> to_numpy(Array<T> array) {
                                    owner);
 }
 
-// "auto", "reference" or "fused" (the products unit's names are cpu.h's parse_products).
-Kernel kernel_named(const std::string& name);
-
 }  // namespace maskattn::python

@@ -32,13 +32,6 @@ namespace {
 
 using nb::arg;
 
-DType dtype_tagged(const std::string& tag) {
-  if (tag == "f32") return DType::f32;
-  if (tag == "f16") return DType::f16;
-  if (tag == "bf16") return DType::bf16;
-  throw Error("dtype tag must be \"f32\", \"f16\" or \"bf16\", got \"" + tag + "\"");
-}
-
 nb::list pair_list(const std::vector<AuditPair>& pairs) {
   nb::list list;
   for (const AuditPair& p : pairs) list.append(nb::make_tuple(p.b, p.h, p.i, p.j));
@@ -63,8 +56,8 @@ nb::dict audit_binding(const Mask* mask, const ScoreMods* mods, const Mask* expe
   options.q_len = q_len;
   options.k_len = k_len;
   options.head_dim = head_dim;
-  options.dtype = dtype_tagged(dtype);
-  options.kernel = kernel_named(kernel);
+  options.dtype = parse_dtype(dtype, "dtype");
+  options.kernel = parse_kernel(kernel, "kernel");
   options.seed = seed;
   AuditReport report;
   // The expected mask is evaluated too, so its Python predicates report failures like the mask's.

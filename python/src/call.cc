@@ -19,7 +19,7 @@ Options options_of(std::optional<double> scale, int threads, const std::string& 
   Options options;
   options.scale = scale;
   options.threads = threads;
-  options.kernel = kernel_named(kernel);
+  options.kernel = parse_kernel(kernel, "kernel");
   options.products = parse_products(products, "products");
   options.check_finite = check_finite;
   return options;

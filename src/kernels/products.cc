@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "core/names.h"
 #include "kernels/amx.h"
 #include "kernels/bf16_dot.h"
 #include "kernels/products.h"
@@ -70,10 +71,9 @@ const char* products_name(Products products) {
 }
 
 Products parse_products(const std::string& name, const std::string& what) {
-  for (Products p : {Products::automatic, Products::f32, Products::bf16_dot, Products::amx}) {
-    if (name == products_name(p)) return p;
-  }
-  throw Error(what + " = '" + name + "' is not a product unit: use auto, f32, bf16-dot or amx");
+  constexpr std::array kUnits = {Products::automatic, Products::f32, Products::bf16_dot,
+                                 Products::amx};
+  return detail::parse_name(name, what, "product unit", kUnits, products_name);
 }
 
 Products tile_products(DType dtype, int64_t head_dim, int64_t value_dim, bool contiguous_rows,

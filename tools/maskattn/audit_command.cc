@@ -134,8 +134,8 @@ int run_audit(const AuditArgs& args) {
   options.q_len = args.q_len;
   options.k_len = args.k_len;
   options.head_dim = args.dim;
-  options.dtype = dtype_named(args.dtype);
-  options.kernel = kernel_named(args.kernel);
+  options.dtype = parse_dtype(args.dtype, "--dtype");
+  options.kernel = parse_kernel(args.kernel, "--kernel");
   options.seed = args.seed;
   const AuditReport r = audit_mask(mask, mods, args.expect.empty() ? nullptr : &expected, options);
 

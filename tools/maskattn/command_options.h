@@ -10,9 +10,27 @@
 #include <string>
 #include <vector>
 
+#include "maskattn/attention.h"
+#include "maskattn/cpu.h"
+#include "maskattn/dtype.h"
 #include "maskattn/error.h"
 
 namespace maskattn::cli {
+
+// A validator that runs one of the library's name parsers (parse_dtype, parse_kernel,
+// parse_products) on the option's text, so an unknown name is the library's catalogued error
+// (errors.md E97) here as in C++ and Python. The parser's Error leaves CLI11's parse; main.cc
+// reports it as a syntax error (exit 2).
+template <typename Parse>
+CLI::Validator library_names(const std::string& description, const std::string& option,
+                             Parse parse) {
+  return CLI::Validator(
+      [option, parse](std::string& text) {
+        parse(text, option);
+        return std::string();
+      },
+      description);
+}
 
 inline CLI::Option* add_mask_option(CLI::App* command, std::vector<std::string>& masks,
                                     const std::string& help) {
@@ -21,7 +39,8 @@ inline CLI::Option* add_mask_option(CLI::App* command, std::vector<std::string>&
 
 inline CLI::Option* add_dtype_option(CLI::App* command, std::string& dtype,
                                      const std::string& help) {
-  return command->add_option("--dtype", dtype, help)->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  return command->add_option("--dtype", dtype, help)
+      ->check(library_names("f32|f16|bf16", "--dtype", parse_dtype));
 }
 
 inline CLI::Option* add_threads_option(CLI::App* command, int& threads) {
@@ -31,7 +50,7 @@ inline CLI::Option* add_threads_option(CLI::App* command, int& threads) {
 
 inline CLI::Option* add_kernel_option(CLI::App* command, std::string& kernel) {
   return command->add_option("--kernel", kernel, "auto|reference|fused")
-      ->check(CLI::IsMember({"auto", "reference", "fused"}));
+      ->check(library_names("auto|reference|fused", "--kernel", parse_kernel));
 }
 
 inline CLI::Option* add_products_option(CLI::App* command, std::string& products) {
@@ -39,12 +58,12 @@ inline CLI::Option* add_products_option(CLI::App* command, std::string& products
       ->add_option("--products", products,
                    "product unit for bf16: auto|f32|bf16-dot|amx (default: this CPU's fastest, "
                    "see maskattn info)")
-      ->check(CLI::IsMember({"auto", "f32", "bf16-dot", "amx"}));
+      ->check(library_names("auto|f32|bf16-dot|amx", "--products", parse_products));
 }
 
 // --ring [zigzag|contiguous] of attend and grad: run as one rank of a ring under mpirun
 // (docs/distributed.md). Without a value: zigzag. --ring-stats [basic|pairs]: each rank's
-// RingStats on stderr (pairs: also count its allowed pairs, O(B·H·N²) work).
+// RingStats on stderr (pairs: also count its allowed pairs, O(tiles): count_allowed).
 inline void add_ring_options(CLI::App* command, std::string& ring, std::string& ring_stats) {
   command
       ->add_option("--ring", ring,
@@ -57,7 +76,7 @@ inline void add_ring_options(CLI::App* command, std::string& ring, std::string& 
   command
       ->add_option("--ring-stats", ring_stats,
                    "with --ring: print one 'ring_stats' line per rank on stderr (calls, bytes "
-                   "sent, compute and wait seconds); 'pairs' also counts allowed pairs (slow)")
+                   "sent, compute and wait seconds); 'pairs' also counts allowed pairs")
       ->expected(0, 1)
       ->default_str("basic")
       ->check(CLI::IsMember({"basic", "pairs"}));

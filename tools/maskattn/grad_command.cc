@@ -4,11 +4,11 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <random>
 #include <vector>
 
 #include "command_options.h"
 #include "commands.h"
+#include "core/splitmix64.h"
 #include "maskattn/attention.h"
 #include "maskattn/error.h"
 #include "maskattn/gradcheck.h"
@@ -76,13 +76,12 @@ int run_gradcheck(const GradcheckArgs& args) {
                 " input elements, each needing two reference forwards, is too many; keep B·H·L·D "
                 "small (at most 200000 elements)");
   }
-  const DType dtype = dtype_named(args.dtype);
+  const DType dtype = parse_dtype(args.dtype, "--dtype");
   const MaskSpecs parsed = parse_mask_specs(args.masks, false);
-  std::mt19937_64 random(args.seed);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  detail::SplitMix64 random(args.seed);
   const auto make = [&](Dims shape) {
     std::vector<float> values(static_cast<size_t>(checked_numel(shape, "input")));
-    for (float& x : values) x = uniform(random);
+    for (float& x : values) x = static_cast<float>(random.uniform(-1.0, 1.0));
     return TensorBuffer::from_floats(values, std::move(shape), dtype);
   };
   const TensorBuffer q = make({args.batch, args.heads, args.q_len, args.dim});

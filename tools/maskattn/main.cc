@@ -65,6 +65,8 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     return parse_exit(app, error);
+  } catch (const maskattn::Error& error) {  // a flag's value the library's parsers refused
+    return fail(std::string(error.what()) + " (see maskattn --help)", 2);
   }
   try {
     for (const Command& command : commands) {

@@ -117,7 +117,7 @@ ComputeInput::ComputeInput(const InputTensor& input, DType dtype) {
 }
 
 DType choose_dtype(const std::string& requested, const std::vector<const InputTensor*>& inputs) {
-  if (!requested.empty()) return dtype_named(requested);
+  if (!requested.empty()) return parse_dtype(requested, "--dtype");
   const InputTensor& first = *inputs.front();
   for (const InputTensor* input : inputs) {
     if (input->file_type != first.file_type) {
@@ -127,18 +127,6 @@ DType choose_dtype(const std::string& requested, const std::vector<const InputTe
     }
   }
   return first.file_type == NpyType::f2 ? DType::f16 : DType::f32;
-}
-
-Kernel kernel_named(const std::string& name) {
-  if (name == "reference") return Kernel::reference;
-  if (name == "fused") return Kernel::fused;
-  return Kernel::automatic;
-}
-
-DType dtype_named(const std::string& name) {
-  if (name == "f16") return DType::f16;
-  if (name == "bf16") return DType::bf16;
-  return DType::f32;
 }
 
 Dims file_layout(const InputTensor& like, const Dims& shape) {
@@ -190,7 +178,7 @@ Options call_options(const std::optional<double>& scale, int threads, const std:
   Options options;
   options.scale = scale;
   options.threads = threads;
-  options.kernel = kernel_named(kernel);
+  options.kernel = parse_kernel(kernel, "--kernel");
   options.products = parse_products(products, "--products");
   return options;
 }

@@ -75,11 +75,6 @@ class ComputeInput {
 // then agree (f16 files compute in f16, f32 files in f32).
 DType choose_dtype(const std::string& requested, const std::vector<const InputTensor*>& inputs);
 
-// "auto" | "reference" | "fused".
-Kernel kernel_named(const std::string& name);
-// "f32" | "f16" | "bf16" (the flags' choices are checked by CLI11).
-DType dtype_named(const std::string& name);
-
 // Throws unless every input has the rank of the first ("give q, k and v in the same layout").
 void require_same_layout(const std::vector<const InputTensor*>& inputs, const std::string& names);
 
