@@ -26,8 +26,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <vector>
+
+#include "src/core/splitmix64.h"  // the one seeded generator (bench/ is not on the path)
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -281,10 +282,10 @@ __attribute__((target("avx512f,avx512bf16"))) float Bf16DotLoop(int64_t iteratio
 // bf16 bits of random values of magnitude [0.5, 2) and random sign: never zero, because the AMX
 // unit runs measurably faster on zero tiles than on real data.
 void RandomBf16(uint16_t* out, int64_t count, uint32_t seed) {
-  std::mt19937 generator(seed);
-  std::uniform_real_distribution<float> magnitude(0.5f, 2.0f);
+  maskattn::detail::SplitMix64 random(seed);
   for (int64_t i = 0; i < count; ++i) {
-    const float value = generator() & 1 ? magnitude(generator) : -magnitude(generator);
+    const float magnitude = static_cast<float>(random.uniform(0.5, 2.0));
+    const float value = random.next() & 1 ? magnitude : -magnitude;
     uint32_t bits = 0;
     std::memcpy(&bits, &value, sizeof bits);
     out[i] = static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);  // to nearest

@@ -20,11 +20,11 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/splitmix64.h"
 #include "maskattn/cpu.h"
 #include "maskattn/maskattn.h"
 #include "ring_projection.h"
@@ -47,10 +47,9 @@ double median_seconds(const std::function<void()>& run, int repeat) {
 }
 
 std::vector<float> random_values(int64_t count, uint64_t seed) {
-  std::mt19937_64 random(seed);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  maskattn::detail::SplitMix64 random(seed);
   std::vector<float> values(static_cast<size_t>(count));
-  for (float& x : values) x = uniform(random);
+  for (float& x : values) x = static_cast<float>(random.uniform(-1.0, 1.0));
   return values;
 }
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/splitmix64.h"
 #include "maskattn/dist/ring_mpi.h"
 #include "maskattn/mask_spec.h"
 
@@ -25,11 +26,8 @@ using namespace maskattn;
 
 std::vector<float> filled(size_t count, uint64_t seed) {
   std::vector<float> values(count);
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (float& x : values) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    x = static_cast<float>(static_cast<int64_t>(state >> 40) - (1 << 23)) / (1 << 23);
-  }
+  detail::SplitMix64 random(seed);
+  for (float& x : values) x = static_cast<float>(random.uniform(-1.0, 1.0));
   return values;
 }
 

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <random>
 #include <sstream>
 
+#include "core/splitmix64.h"
 #include "maskattn/error.h"
 
 namespace maskattn {
@@ -176,8 +176,8 @@ PatchMasking mae_patch_masking(int64_t patches, double mask_ratio, uint64_t seed
       1, static_cast<int64_t>(std::llround(static_cast<double>(patches) * (1.0 - mask_ratio))));
   std::vector<int64_t> order(static_cast<size_t>(patches));
   for (int64_t n = 0; n < patches; ++n) order[n] = n;
-  std::mt19937_64 random(seed);
-  std::shuffle(order.begin(), order.end(), random);
+  detail::SplitMix64 random(seed);
+  random.shuffle(order.begin(), order.end());
   PatchMasking out;
   out.keep.assign(static_cast<size_t>(patches), 0);
   out.kept.assign(order.begin(), order.begin() + kept);
@@ -196,20 +196,18 @@ MlmExample mlm_masking(const Array<int64_t>& ids, int64_t vocabulary_size, uint6
                 std::to_string(rate) +
                 "; need words beyond the special tokens and a rate in [0, 1]");
   }
-  std::mt19937_64 random(seed);
-  std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  std::uniform_int_distribution<int64_t> word(kMaskId + 1, vocabulary_size - 1);
+  detail::SplitMix64 random(seed);
   std::vector<int64_t> inputs = ids.values(), labels(inputs.size(), -100);
   for (size_t n = 0; n < inputs.size(); ++n) {
     const int64_t id = inputs[n];
     if (id <= kMaskId) continue;  // special tokens and <pad> are never selected
-    if (uniform(random) >= rate) continue;
+    if (random.unit() >= rate) continue;
     labels[n] = id;
-    const double roll = uniform(random);
+    const double roll = random.unit();
     if (roll < 0.8) {
       inputs[n] = kMaskId;
     } else if (roll < 0.9) {
-      inputs[n] = word(random);
+      inputs[n] = random.between(kMaskId + 1, vocabulary_size - 1);
     }
   }
   return {Array<int64_t>(ids.shape(), std::move(inputs)),

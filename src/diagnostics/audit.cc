@@ -3,11 +3,11 @@
 #include "maskattn/audit.h"
 
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "core/element.h"
+#include "core/splitmix64.h"
 #include "mask/resolved_mask.h"
 #include "maskattn/dtype.h"
 #include "maskattn/error.h"
@@ -250,15 +250,14 @@ AuditReport audit_mask(const Mask& mask, const ScoreMods& mods, const Mask* expe
   }
 
   // Random inputs: scores of moderate size, so that no allowed weight underflows.
-  std::mt19937_64 random(o.seed);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  detail::SplitMix64 random(o.seed);
   Buffer q(o.dtype, {o.batch, o.q_heads, o.q_len, o.head_dim});
   Buffer k(o.dtype, {o.batch, kv_heads, o.k_len, o.head_dim});
   Buffer v(o.dtype, {o.batch, kv_heads, o.k_len, o.head_dim});
   for (Buffer* t : {&q, &k, &v}) {
     for (int64_t n = 0; n < static_cast<int64_t>(t->words.size()) / (o.dtype == DType::f32 ? 2 : 1);
          ++n) {
-      t->set(n, uniform(random));
+      t->set(n, static_cast<float>(random.uniform(-1.0, 1.0)));
     }
   }
   const std::vector<uint8_t> influence = measure_influence(mask, mods, o, kv_heads, q, k, v);

@@ -3,10 +3,10 @@
 // nn.MultiheadAttention.state_dict() keys.
 #include <cmath>
 #include <filesystem>
-#include <random>
 #include <string>
 #include <utility>
 
+#include "core/splitmix64.h"
 #include "maskattn/error.h"
 #include "maskattn/multihead.h"
 #include "maskattn/npy.h"
@@ -39,10 +39,9 @@ void require_bias(const Array<float>& bias, int64_t rows, const std::string& nam
 }
 
 // Uniform in ±bound, seeded: nn.Linear's default initialisation.
-Array<float> uniform(Dims shape, double bound, std::mt19937_64& random) {
-  std::uniform_real_distribution<double> draw(-bound, bound);
+Array<float> uniform(Dims shape, double bound, detail::SplitMix64& random) {
   std::vector<float> values(static_cast<size_t>(checked_numel(shape, "weight")));
-  for (float& value : values) value = static_cast<float>(draw(random));
+  for (float& value : values) value = static_cast<float>(random.uniform(-bound, bound));
   return Array<float>(std::move(shape), std::move(values));
 }
 
@@ -150,7 +149,7 @@ MultiHeadAttention MultiHeadAttention::random(int64_t embed_dim, int64_t heads, 
   }
   const int64_t kv_rows = embed_dim / heads * kv_heads;
   const double bound = 1.0 / std::sqrt(static_cast<double>(embed_dim));
-  std::mt19937_64 random(seed);
+  detail::SplitMix64 random(seed);
   LayerWeights w;
   w.q_weight = uniform({embed_dim, embed_dim}, bound, random);
   w.k_weight = uniform({kv_rows, embed_dim}, bound, random);

@@ -7,33 +7,6 @@
 
 namespace maskattn::model {
 
-namespace {
-
-// Normal draws from splitmix64 and Box–Muller: the same values on every platform.
-class NormalDraws {
- public:
-  explicit NormalDraws(uint64_t seed) : uniform_(seed) {}
-  double next() {
-    if (has_spare_) {
-      has_spare_ = false;
-      return spare_;
-    }
-    const double u1 = uniform_.unit() + 0x1p-54;  // in (0, 1): log(u1) is finite
-    const double u2 = uniform_.unit();
-    const double radius = std::sqrt(-2.0 * std::log(u1));
-    spare_ = radius * std::sin(2.0 * M_PI * u2);
-    has_spare_ = true;
-    return radius * std::cos(2.0 * M_PI * u2);
-  }
-
- private:
-  detail::SplitMix64 uniform_;
-  double spare_ = 0;
-  bool has_spare_ = false;
-};
-
-}  // namespace
-
 void GptConfig::validate() const {
   const auto positive = [](int64_t value, const char* name) {
     if (value < 1) {
@@ -87,7 +60,7 @@ int64_t GptParameters::add(std::string name, Dims shape) {
 }
 
 void GptParameters::initialise(float* values, uint64_t seed) const {
-  NormalDraws normal(seed);
+  detail::NormalDraws normal(seed);
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.layers));
   for (const NamedTensor& tensor : tensors_) {
     float* first = values + tensor.offset;

@@ -15,6 +15,7 @@
 
 #include "command_options.h"
 #include "commands.h"
+#include "core/splitmix64.h"
 #include "maskattn/attention.h"
 #include "maskattn/heatmap.h"
 #include "maskattn/multihead.h"
@@ -34,15 +35,8 @@ constexpr double kCacheTolerance = 1e-5;
 // that they are exact in every dtype.
 std::vector<float> embedding(int64_t id, int64_t dim) {
   std::vector<float> vector(dim);
-  uint64_t state = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(id + 1);
-  for (float& value : vector) {
-    state += 0x9E3779B97F4A7C15ull;
-    uint64_t z = state;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    value = static_cast<float>(static_cast<int64_t>(z % 129) - 64) / 64.0f;
-  }
+  detail::SplitMix64 random(0x9E3779B97F4A7C15ull * static_cast<uint64_t>(id + 1));
+  for (float& value : vector) value = static_cast<float>(random.between(-64, 64)) / 64.0f;
   return vector;
 }
 
