@@ -1,15 +1,25 @@
 #!/usr/bin/env python3
-"""Lists C++ functions longer than a limit, and files longer than a limit.
+"""Lists C++ and Python functions longer than a limit, and files longer than a limit.
 
     scripts/function_sizes.py [--max-function 80] [--max-file 600] DIR_OR_FILE...
 
-A function is a top-level or namespace-level brace block whose opening line (or the lines just
+The project's size rule (docs/design.md §4): no function over 80 lines, no file over 600, in
+src/, tools/, bench/, python/ and fuzz/; the test command runs this script over them (ctest:
+code_sizes) and fails on anything over. Tests are exempt: a test file lists cases and may be
+longer, and so is python/tests/. There is no exceptions list.
+
+C++ (.cc, .h): a function is a top-level or namespace-level brace block whose opening line (or the lines just
 before it) looks like a signature: it ends in `)`, `) const`, `) override`, `-> T` or an
 initialiser list, and is not a control statement, a class/struct/namespace/enum or a lambda
 inside another function (those count towards their enclosing function). Lines are counted from
 the signature's first line to the closing brace. Comments and strings are blanked first, so
-braces inside them do not count. Exit status 1 when anything is over a limit.
+braces inside them do not count.
+
+Python (.py, and scripts without an extension whose first line names python): every function
+and method, nested ones included, from its `def` line (decorators excluded) to its last line,
+read with the ast module. Exit status 1 when anything is over a limit.
 """
+import ast
 import argparse
 import os
 import re
@@ -97,23 +107,54 @@ def functions(path):
     return results, len(lines) - (1 if text.endswith("\n") else 0)
 
 
+def python_functions(path):
+    text = open(path, encoding="utf-8").read()
+    results = []
+    for node in ast.walk(ast.parse(text, filename=path)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            results.append((node.end_lineno - node.lineno + 1, node.name, node.lineno))
+    return results, text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+
+
+def is_python(path):
+    if path.endswith(".py"):
+        return True
+    if os.path.splitext(path)[1]:
+        return False
+    try:
+        with open(path, encoding="utf-8") as script:
+            first = script.readline()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return first.startswith("#!") and "python" in first
+
+
+def sources(paths):
+    files = []
+    for path in paths:
+        if not os.path.isdir(path):
+            files.append(path)
+            continue
+        for root, folders, names in os.walk(path):
+            folders[:] = [f for f in folders if f not in ("tests", "__pycache__")]
+            for name in names:
+                full = os.path.join(root, name)
+                if name.endswith((".cc", ".h")) or is_python(full):
+                    files.append(full)
+    return sorted(files)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="+")
     parser.add_argument("--max-function", type=int, default=80)
     parser.add_argument("--max-file", type=int, default=600)
     args = parser.parse_args()
-    files = []
-    for path in args.paths:
-        if os.path.isdir(path):
-            for root, _, names in os.walk(path):
-                files += [os.path.join(root, n) for n in names if n.endswith((".cc", ".h"))]
-        else:
-            files.append(path)
+    files = sources(args.paths)
     over = 0
     longest = []
-    for path in sorted(files):
-        found, line_count = functions(path)
+    for path in files:
+        found, line_count = python_functions(path) if is_python(path) else functions(path)
         if line_count > args.max_file:
             print(f"file {line_count:5d} lines  {path}")
             over += 1

@@ -208,14 +208,20 @@ ResolvedMask::ResolvedMask(const Mask& mask, const MaskShape& call_shape, const 
     }
   }
 
-  // Positions. Key starts (left padding) shift both sides so positions count from the first real
-  // token; the query's place among the keys depends on the alignment.
+  resolve_positions(lengths, starts);
+}
+
+// Positions. Key starts (left padding) shift both sides so positions count from the first real
+// token; the query's place among the keys depends on the alignment.
+void ResolvedMask::resolve_positions(const component::Padding* const lengths[2],
+                                     const component::Padding* const starts[2]) {
+  const MaskShape& shape = global_;
   q_shift_.assign(shape.batch, 0);
   k_shift_.assign(shape.batch, 0);
   for (int64_t b = 0; b < shape.batch; ++b) {
     const int64_t key_start = starts[1] ? starts[1]->values.values()[b] : 0;
     k_shift_[b] = -key_start;
-    if (mask.alignment() == Alignment::bottom_right) {
+    if (mask_->alignment() == Alignment::bottom_right) {
       // The last (real) query sits at the last (real) key.
       const bool ragged = lengths[0] != nullptr && lengths[1] != nullptr;
       const int64_t key_end = ragged ? lengths[1]->values.values()[b] : shape.k_len;

@@ -93,6 +93,10 @@ class ResolvedMask {
   // The block-sparse layouts allow the pair (true when there are none).
   bool layouts_allow(int64_t b, int64_t h, int64_t i, int64_t j) const;
 
+  // The positions' shifts per batch (q_shift_, k_shift_) from the padding lengths and starts
+  // given per side ([0] query, [1] key; null when absent) and the mask's alignment.
+  void resolve_positions(const component::Padding* const lengths[2],
+                         const component::Padding* const starts[2]);
   bool is_real(const component::Padding& padding, int64_t b, int64_t t) const;
   bool order_allows(int64_t b, int64_t h, int64_t i, int64_t j) const;
   // Spans, prefix-LM or global tokens allow again a pair the causal/window components hide.

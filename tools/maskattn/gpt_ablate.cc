@@ -89,45 +89,27 @@ std::string printable(std::string text) {
   return text;
 }
 
-}  // namespace
+// One side of the ablation: the model trained with one mask, reloaded from its checkpoint.
+struct AblationRun {
+  std::string mask;
+  TrainedRun run;
+  model::LoadedModel loaded;
+  Copying copying;
+  std::string sample;
+};
 
-int run_gpt_ablate(const GptArgs& args) {
-  const model::TextCorpus corpus = model::read_corpus(args.texts);
-  struct Result {
-    std::string mask;
-    TrainedRun run;
-    model::LoadedModel loaded;
-    Copying copying;
-    std::string sample;
-  };
-  std::vector<Result> results;
-  for (const char* mask : {"causal", "none"}) {
-    GptArgs one = args;
-    one.mask = mask;
-    std::fprintf(stderr, "gpt ablate: training with mask %s\n", mask);
-    const std::string out = args.out + "/" + mask;
-    TrainedRun run = train_model(one, corpus, out, false);
-    results.push_back({mask, std::move(run), model::load_model(out), {}, {}});
-  }
-  const std::vector<int32_t> line = validation_line(results[0].loaded, corpus.text);
-  const std::vector<int32_t> prompt(line.begin(), line.begin() + std::min<size_t>(line.size(), 24));
-  for (Result& r : results) {
-    r.copying = copying_head(r.loaded, line);
-    model::GptDecoder decoder(r.loaded.parameters, r.loaded.values.data(), args.threads);
-    model::GenerateOptions greedy;
-    greedy.temperature = 0;
-    greedy.tokens = 120;
-    r.sample = r.loaded.vocabulary.decode(model::generate(decoder, prompt, greedy).tokens);
-  }
+// The mean of the last 5 % of the training losses (at least one).
+double tail_mean(const std::vector<double>& losses) {
+  if (losses.empty()) return 0.0;
+  const size_t count = std::min(std::max<size_t>(losses.size() / 20, 1), losses.size());
+  double sum = 0;
+  for (size_t n = losses.size() - count; n < losses.size(); ++n) sum += losses[n];
+  return sum / static_cast<double>(count);
+}
+
+// The comparison as a Markdown table, then both models' greedy samples from `prompt`.
+void print_ablation(const std::vector<AblationRun>& results, const std::vector<int32_t>& prompt) {
   const double uniform = std::log(static_cast<double>(results[0].run.vocabulary_size));
-  const auto tail_mean = [](const std::vector<double>& losses) {
-    const size_t count = std::max<size_t>(losses.size() / 20, 1);
-    double sum = 0;
-    for (size_t n = losses.size() - std::min(count, losses.size()); n < losses.size(); ++n) {
-      sum += losses[n];
-    }
-    return losses.empty() ? 0.0 : sum / static_cast<double>(std::min(count, losses.size()));
-  };
   std::printf("\n| | trained with the causal mask | trained with no mask |\n|---|---|---|\n");
   std::printf("| training loss, as trained (mean of the last 5 %% of steps) | %.3f | %.3f |\n",
               tail_mean(results[0].run.train_losses), tail_mean(results[1].run.train_losses));
@@ -147,7 +129,10 @@ int run_gpt_ablate(const GptArgs& args) {
               printable(prompt_text).c_str(), printable(prompt_text).c_str(),
               printable(results[0].sample).c_str(), printable(prompt_text).c_str(),
               printable(results[1].sample).c_str());
-  // Pictures: the loss curves, and each model's attention (its copying head's layer).
+}
+
+// The loss curves of both runs in one plot; returns its path.
+std::string write_loss_curves(const std::string& out, const std::vector<AblationRun>& results) {
   std::vector<PlotSeries> series;
   const Rgb colours[2][2] = {{{33, 113, 181}, {107, 174, 214}}, {{203, 24, 29}, {252, 146, 114}}};
   for (size_t m = 0; m < results.size(); ++m) {
@@ -165,23 +150,62 @@ int run_gpt_ablate(const GptArgs& args) {
     series.push_back(train);
     series.push_back(validation);
   }
-  const std::string curves = args.out + "/loss_curves.png";
+  const std::string curves = out + "/loss_curves.png";
   write_line_plot(curves, series, "maskattn gpt ablate: with and without the look-ahead mask",
                   "step", "loss (nats per character)");
+  return curves;
+}
+
+// Each model's attention over `line` in its most copying head's layer, one PNG per model;
+// returns the paths.
+std::vector<std::string> write_attention_maps(const std::string& out,
+                                              const std::vector<AblationRun>& results,
+                                              const std::vector<int32_t>& line) {
   HeatmapLabels labels;
   for (const int32_t id : line)
     labels.rows.push_back(printable(results[0].loaded.vocabulary.token(id)));
   labels.cols = labels.rows;
-  std::vector<std::string> written = {curves};
-  for (const Result& r : results) {
+  std::vector<std::string> written;
+  for (const AblationRun& r : results) {
     const int64_t H = r.loaded.parameters.config().heads, L = static_cast<int64_t>(line.size());
     std::vector<HeatmapPanel> panels =
         heatmap_panels(Array<uint8_t>({1, H, L, L}, r.copying.allowed), r.copying.weights, H);
     for (size_t h = 0; h < panels.size(); ++h) {
       panels[h].title = fmt::format("{}: layer {} head {}", r.mask, r.copying.layer, h);
     }
-    const std::string path = args.out + "/attention_" + r.mask + ".png";
+    const std::string path = out + "/attention_" + r.mask + ".png";
     write_heatmap(path, panels, labels);
+    written.push_back(path);
+  }
+  return written;
+}
+
+}  // namespace
+
+int run_gpt_ablate(const GptArgs& args) {
+  const model::TextCorpus corpus = model::read_corpus(args.texts);
+  std::vector<AblationRun> results;
+  for (const char* mask : {"causal", "none"}) {
+    GptArgs one = args;
+    one.mask = mask;
+    std::fprintf(stderr, "gpt ablate: training with mask %s\n", mask);
+    const std::string out = args.out + "/" + mask;
+    TrainedRun run = train_model(one, corpus, out, false);
+    results.push_back({mask, std::move(run), model::load_model(out), {}, {}});
+  }
+  const std::vector<int32_t> line = validation_line(results[0].loaded, corpus.text);
+  const std::vector<int32_t> prompt(line.begin(), line.begin() + std::min<size_t>(line.size(), 24));
+  for (AblationRun& r : results) {
+    r.copying = copying_head(r.loaded, line);
+    model::GptDecoder decoder(r.loaded.parameters, r.loaded.values.data(), args.threads);
+    model::GenerateOptions greedy;
+    greedy.temperature = 0;
+    greedy.tokens = 120;
+    r.sample = r.loaded.vocabulary.decode(model::generate(decoder, prompt, greedy).tokens);
+  }
+  print_ablation(results, prompt);
+  std::vector<std::string> written = {write_loss_curves(args.out, results)};
+  for (const std::string& path : write_attention_maps(args.out, results, line)) {
     written.push_back(path);
   }
   std::printf("\nwrote");
