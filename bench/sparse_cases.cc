@@ -108,12 +108,4 @@ Mask make_sparse_mask(const Case& c) {
   return Mask().window(half, half).global_tokens(Array<int64_t>({c.q_len}, global_ids(p, c.q_len)));
 }
 
-double sparse_allowed_pairs(const Case& c) {
-  double per_head = 0;
-  for_each_allowed_row(c, parse(c.mask), [&](int64_t, const std::vector<uint8_t>& row) {
-    for (const uint8_t on : row) per_head += on;
-  });
-  return per_head * c.batch * c.heads;
-}
-
 }  // namespace maskattn::bench

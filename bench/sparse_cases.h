@@ -15,7 +15,5 @@ namespace maskattn::bench {
 
 bool is_sparse_mask(const std::string& name);
 Mask make_sparse_mask(const Case& c);
-// Pairs the mask allows over B·H, counted from the pattern's rule (not from maskattn's mask code).
-double sparse_allowed_pairs(const Case& c);
 
 }  // namespace maskattn::bench

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -96,6 +97,47 @@ void attention_scores(const TensorView& q, const TensorView& k, const MutableTen
   });
 }
 
+namespace {
+
+// merge_partials's work, once the arguments are checked: per query row (b, h, i), each part's row
+// and LSE read as f32 (any dtype, any strides), merged by the one merge (kernels/merge.h), stored
+// in out's dtype. Rows are independent, so they are spread over the threads; the bits do not
+// depend on how.
+void merge_rows(const std::vector<PartialResult>& parts, const MutableTensorView& out,
+                const MutableTensorView& lse) {
+  const Dims shape = out.sizes();
+  const int64_t count = static_cast<int64_t>(parts.size()), value_dim = shape[3];
+  const int64_t rows = shape[0] * shape[1] * shape[2];
+  const bool threaded = rows * count * value_dim >= (int64_t{1} << 16);
+#pragma omp parallel if (threaded)
+  {
+    std::vector<float> values(count * value_dim), lses(count), merged(value_dim);
+    std::vector<const float*> row_of(count);
+    std::vector<double> weights(count);
+    for (int64_t c = 0; c < count; ++c) row_of[c] = values.data() + c * value_dim;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t b = r / (shape[1] * shape[2]), h = r / shape[2] % shape[1], i = r % shape[2];
+      for (int64_t c = 0; c < count; ++c) {
+        const TensorView& part = parts[c].out;
+        for (int64_t e = 0; e < value_dim; ++e) {
+          values[c * value_dim + e] = detail::load_float(part, part.offset({b, h, i, e}));
+        }
+        lses[c] = detail::load_float(parts[c].lse, parts[c].lse.offset({b, h, i, 0}));
+      }
+      const float row_lse = detail::merge_row(count, row_of.data(), lses.data(), -INFINITY,
+                                              value_dim, weights.data(), merged.data());
+      for (int64_t e = 0; e < value_dim; ++e) {
+        detail::store_float(out, out.offset({b, h, i, e}), merged[e]);
+      }
+      if (!lse.is_null())
+        static_cast<float*>(lse.mutable_data())[lse.offset({b, h, i, 0})] = row_lse;
+    }
+  }
+}
+
+}  // namespace
+
 void merge_partials(const std::vector<PartialResult>& parts, const MutableTensorView& out,
                     const MutableTensorView& lse) {
   require_view(out, 4, "out", "[B,Hq,Lq,Dv]");
@@ -126,29 +168,7 @@ void merge_partials(const std::vector<PartialResult>& parts, const MutableTensor
     require_output(lse, lse_shape, DType::f32, "lse", "out " + out.shape_string());
     require_disjoint(lse, "lse", out, "out");
   }
-  const int64_t count = static_cast<int64_t>(parts.size()), value_dim = shape[3];
-  std::vector<float> rows(count * value_dim), lses(count), merged(value_dim);
-
-  for (int64_t b = 0; b < shape[0]; ++b) {
-    for (int64_t h = 0; h < shape[1]; ++h) {
-      for (int64_t i = 0; i < shape[2]; ++i) {
-        for (int64_t c = 0; c < count; ++c) {
-          const TensorView& part = parts[c].out;
-          for (int64_t e = 0; e < value_dim; ++e) {
-            rows[c * value_dim + e] = detail::load_float(part, part.offset({b, h, i, e}));
-          }
-          lses[c] = detail::load_float(parts[c].lse, parts[c].lse.offset({b, h, i, 0}));
-        }
-        const float row_lse = detail::merge_row(count, rows.data(), value_dim, lses.data(), 1,
-                                                -INFINITY, value_dim, merged.data());
-        for (int64_t e = 0; e < value_dim; ++e) {
-          detail::store_float(out, out.offset({b, h, i, e}), merged[e]);
-        }
-        if (!lse.is_null())
-          static_cast<float*>(lse.mutable_data())[lse.offset({b, h, i, 0})] = row_lse;
-      }
-    }
-  }
+  merge_rows(parts, out, lse);
 }
 
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape) {
@@ -188,9 +208,15 @@ Array<uint8_t> block_map(const Mask& mask, const MaskShape& shape, int64_t tile_
   return Array<uint8_t>(dims, std::move(kinds));
 }
 
-bool any_allowed(const Mask& mask, const MaskShape& shape, const Frame& frame) {
+namespace {
+
+// Walks the tiles a call's kernels would visit, in the kernels' tiling (so the block
+// classifications are the ones a call computes and caches), and hands each one's count of allowed
+// pairs to `add`: a full tile counts whole, a partial one by its element mask (which may still
+// hide every pair). Stops early when `add` returns true.
+template <typename Add>
+void visit_allowed_tiles(const Mask& mask, const MaskShape& shape, const Frame& frame, Add add) {
   const ResolvedMask resolved(mask, shape, frame);
-  // The kernels' tiling: its block classifications are the ones a call would compute (and cache).
   constexpr int64_t kTile = detail::TileMaskBuilder::kMaxQueries;
   const detail::BlockMap map(resolved, kTile, kTile);
   const detail::TileMaskBuilder tile_masks(resolved);
@@ -199,23 +225,39 @@ bool any_allowed(const Mask& mask, const MaskShape& shape, const Frame& frame) {
     for (int64_t h = 0; h < shape.q_heads; ++h) {
       for (int64_t qt = 0; qt < map.q_tiles(); ++qt) {
         const detail::BlockMap::TileRange band = map.k_tile_range(b, h, qt);
+        const int64_t q_first = qt * kTile, q_count = std::min(kTile, shape.q_len - q_first);
         for (int64_t kt = band.first; kt < band.end; ++kt) {
           const detail::TileKind kind = map.kind(b, h, qt, kt);
-          if (kind == detail::TileKind::full) return true;
           if (kind == detail::TileKind::empty) continue;
-          // A partial tile may still hide every pair: look at its element mask.
-          const int64_t q_first = qt * kTile, k_first = kt * kTile;
-          const int64_t k_count = std::min(kTile, shape.k_len - k_first);
-          tile_masks.build(b, h, q_first, std::min(kTile, shape.q_len - q_first), k_first, k_count,
-                           bits.data());
-          for (int64_t n = 0; n < k_count; ++n) {
-            if (bits[n] != 0) return true;
+          const int64_t k_first = kt * kTile, k_count = std::min(kTile, shape.k_len - k_first);
+          int64_t allowed = q_count * k_count;
+          if (kind == detail::TileKind::partial) {
+            tile_masks.build(b, h, q_first, q_count, k_first, k_count, bits.data());
+            allowed = 0;
+            for (int64_t n = 0; n < k_count; ++n) allowed += std::popcount(bits[n]);
           }
+          if (add(allowed)) return;
         }
       }
     }
   }
-  return false;
+}
+
+}  // namespace
+
+bool any_allowed(const Mask& mask, const MaskShape& shape, const Frame& frame) {
+  bool any = false;
+  visit_allowed_tiles(mask, shape, frame, [&](int64_t allowed) { return any = allowed > 0; });
+  return any;
+}
+
+int64_t count_allowed(const Mask& mask, const MaskShape& shape, const Frame& frame) {
+  int64_t total = 0;
+  visit_allowed_tiles(mask, shape, frame, [&](int64_t allowed) {
+    total += allowed;
+    return false;
+  });
+  return total;
 }
 
 Array<uint8_t> allowed_pairs(const Mask& mask, const MaskShape& shape, int64_t batch,

@@ -1,6 +1,7 @@
 // Calls on slices of a problem (Options::frame): split-query × split-key calls, merged with
 // merge_partials (forward) or accumulated (backward), equal one call over the whole problem, for
-// every mask kind of the sweep and the score modifiers; any_allowed agrees with the pairs.
+// every mask kind of the sweep and the score modifiers; any_allowed and count_allowed agree with
+// the pairs.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -307,22 +308,29 @@ TEST(Frame, AccumulateAddsToWhatTheGradientsHold) {
   for (size_t n = 0; n < g.dv.size(); ++n) ASSERT_EQ(g.dv[n], 1.5f + once.dv[n]) << n;
 }
 
-TEST(Frame, AnyAllowedIsExactForEverySlice) {
+TEST(Frame, AnyAllowedAndCountAllowedAreExactForEverySlice) {
   for (const RandomProblem& p : problems()) {
     for (const auto& [name, mask] : test::sweep_masks(p)) {
       const Array<uint8_t> pairs = allowed_pairs(mask, p.shape());
-      for (const auto& [q0, q1, k0, k1] : std::vector<std::array<int64_t, 4>>{
-               {0, 30, 100, p.Lk}, {100, p.Lq, 0, 20}, {64, 118, 64, 128}, {5, 6, 7, 8}}) {
-        bool expected = false;
+      for (const auto& [q0, q1, k0, k1] : std::vector<std::array<int64_t, 4>>{{0, p.Lq, 0, p.Lk},
+                                                                              {0, 30, 100, p.Lk},
+                                                                              {100, p.Lq, 0, 20},
+                                                                              {64, 118, 64, 128},
+                                                                              {5, 6, 7, 8}}) {
+        int64_t expected = 0;
         for (int64_t b = 0; b < p.B; ++b) {
           for (int64_t h = 0; h < p.Hq; ++h) {
             for (int64_t i = q0; i < q1; ++i) {
               for (int64_t j = k0; j < k1; ++j)
-                expected |= pairs.data()[((b * p.Hq + h) * p.Lq + i) * p.Lk + j] != 0;
+                expected += pairs.data()[((b * p.Hq + h) * p.Lq + i) * p.Lk + j] != 0;
             }
           }
         }
-        EXPECT_EQ(any_allowed(mask, {p.B, p.Hq, q1 - q0, k1 - k0}, {q0, k0, p.Lq, p.Lk}), expected)
+        const MaskShape slice{p.B, p.Hq, q1 - q0, k1 - k0};
+        const Frame frame{q0, k0, p.Lq, p.Lk};
+        EXPECT_EQ(any_allowed(mask, slice, frame), expected > 0)
+            << name << " rows [" << q0 << "," << q1 << ") x [" << k0 << "," << k1 << ")";
+        EXPECT_EQ(count_allowed(mask, slice, frame), expected)
             << name << " rows [" << q0 << "," << q1 << ") x [" << k0 << "," << k1 << ")";
       }
     }

@@ -42,8 +42,8 @@ int64_t row_count(const std::vector<RowRange>& rows);
 struct RingOptions {
   Options base;  // scale, kernel, threads, products; base.frame must be the default
   Layout layout = Layout::zigzag;
-  // Fill RingStats::allowed_pairs (otherwise −1). Costs O(B·Hq·Nq·Nk) mask evaluations per rank
-  // (the whole grid of each head is built): for load-balance studies on modest N, not for runs.
+  // Fill RingStats::allowed_pairs (otherwise −1), counted with count_allowed (attention.h): exact
+  // and O(tiles), a small cost beside the ring's own.
   bool count_allowed_pairs = false;
 };
 

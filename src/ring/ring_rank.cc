@@ -6,6 +6,8 @@
 #include <cstring>
 #include <utility>
 
+#include "kernels/merge.h"
+
 namespace maskattn::dist::detail {
 namespace {
 
@@ -111,39 +113,19 @@ KvGradBlock KvPacking::grad_view(float* block, int64_t rows) const {
 // ---- merging
 // -------------------------------------------------------------------------------------
 
-// acc ← the merge of acc and part, row by row: merge_partials's arithmetic for two parts
-// (kernels/merge.cc: f64 weights exp(LSE_c − max), sum, divide, round to f32; a NaN LSE gives a
-// NaN row, two −inf give 0 and −inf), with each part's weight computed once per row instead of
-// once per element — the same values, bit for bit, at a fraction of the cost. In place.
+// acc ← the merge of acc and part, row by row, in place: the one merge (kernels/merge.h), the
+// same bits as merge_partials({acc, part}).
 void merge_into(F32Tensor& acc_out, F32Tensor& acc_lse, const F32Tensor& part_out,
                 const F32Tensor& part_lse) {
   const size_t rows = acc_lse.values.size();
   const size_t width = rows == 0 ? 0 : acc_out.values.size() / rows;
+  double weights[2];
   for (size_t r = 0; r < rows; ++r) {
     float* out = acc_out.values.data() + r * width;
-    const float* part = part_out.values.data() + r * width;
-    const float lse_a = acc_lse.values[r], lse_b = part_lse.values[r];
-    if (std::isnan(lse_a) || std::isnan(lse_b)) {
-      std::fill_n(out, width, NAN);
-      acc_lse.values[r] = NAN;
-      continue;
-    }
-    const double top = std::max(
-        {static_cast<double>(-INFINITY), static_cast<double>(lse_a), static_cast<double>(lse_b)});
-    if (top == -INFINITY) {
-      std::fill_n(out, width, 0.0f);
-      acc_lse.values[r] = -INFINITY;
-      continue;
-    }
-    const double weight_a = std::exp(lse_a - top), weight_b = std::exp(lse_b - top);
-    const double total = std::exp(-INFINITY - top) + weight_a + weight_b;
-    for (size_t e = 0; e < width; ++e) {
-      double sum = 0.0;
-      if (weight_a != 0.0) sum += weight_a * out[e];
-      if (weight_b != 0.0) sum += weight_b * part[e];
-      out[e] = static_cast<float>(sum / total);
-    }
-    acc_lse.values[r] = static_cast<float>(top + std::log(total));
+    const float* parts[2] = {out, part_out.values.data() + r * width};
+    const float lses[2] = {acc_lse.values[r], part_lse.values[r]};
+    acc_lse.values[r] = maskattn::detail::merge_row(2, parts, lses, -INFINITY,
+                                                    static_cast<int64_t>(width), weights, out);
   }
 }
 
@@ -259,16 +241,10 @@ void BackwardRank::finish(const std::vector<MutableTensorView>& dq_blocks, bool 
 int64_t count_allowed_pairs(const Mask& mask, int64_t batch, int64_t q_heads, int64_t q_len,
                             int64_t k_len, const std::vector<RowRange>& q_rows) {
   int64_t count = 0;
-  const MaskShape shape{batch, q_heads, q_len, k_len};
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t h = 0; h < q_heads; ++h) {
-      const Array<uint8_t> grid = allowed_pairs(mask, shape, b, h);
-      for (const RowRange& rows : q_rows) {
-        for (int64_t i = rows.first; i < rows.end; ++i) {
-          for (int64_t j = 0; j < k_len; ++j) count += grid.at(i, j) != 0;
-        }
-      }
-    }
+  for (const RowRange& rows : q_rows) {
+    if (rows.end <= rows.first) continue;
+    const MaskShape slice{batch, q_heads, rows.end - rows.first, k_len};
+    count += count_allowed(mask, slice, Frame{rows.first, 0, q_len, k_len});
   }
   return count;
 }

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "core/store_f32.h"
-#include "ring/ring_schedule.h"
 #include "maskattn/attention.h"
+#include "ring/ring_schedule.h"
 
 namespace maskattn::dist::detail {
 
@@ -127,7 +127,7 @@ class BackwardRank {
 };
 
 // Pairs (b, h, i, j) the mask allows for the rank's query rows against every key (RingStats).
-// Costs O(B·Hq·Nq·Nk): computed only when stats are asked for.
+// count_allowed per row range: O(tiles), computed only when stats are asked for.
 int64_t count_allowed_pairs(const Mask& mask, int64_t batch, int64_t q_heads, int64_t q_len,
                             int64_t k_len, const std::vector<RowRange>& q_rows);
 

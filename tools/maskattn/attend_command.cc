@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "command_options.h"
@@ -66,16 +67,17 @@ void print_health_report(const Computation& c) {
   if (report.warnings.empty()) fmt::print("no warnings\n");
 }
 
-// --heatmap: panels of the weights, one per (b, h), at most 16; hidden pairs hatched.
-void write_weights_heatmap(const Computation& c, const std::string& path,
+// --heatmap: panels of `weights` (attention_weights of the computation, f32 [B,H,Lq,Lk]), one
+// per (b, h), at most 16; hidden pairs hatched.
+void write_weights_heatmap(const Computation& c, const TensorView& weights, const std::string& path,
                            const std::string& tokens) {
   const int64_t batch = c.q.size(0), heads = c.q.size(1), q_len = c.q.size(2), k_len = c.k.size(2);
-  TensorBuffer weights(DType::f32, {batch, heads, q_len, k_len});
-  attention_weights(c.q, c.k, weights.mutable_view(), c.specs.mask, c.specs.mods, c.options);
   const HeatmapLabels labels =
       token_labels(tokens, q_len, k_len, c.specs.mask.alignment() == Alignment::top_left);
   const Array<uint8_t> allowed = allowed_pairs(c.specs.mask, {batch, heads, q_len, k_len});
-  write_heatmap(path, heatmap_panels(allowed, weights.to_floats()), labels);
+  const auto* first = static_cast<const float*>(weights.data());
+  write_heatmap(path, heatmap_panels(allowed, std::vector<float>(first, first + weights.numel())),
+                labels);
 }
 
 }  // namespace
@@ -129,12 +131,17 @@ int run_attend(const AttendArgs& args) {
   if (args.repeat > 0) print_timing(compute, args.repeat);
 
   if (args.report) print_health_report(c);
-  if (!args.heatmap.empty()) write_weights_heatmap(c, args.heatmap, args.tokens);
-  if (!args.weights.empty()) {
+  if (!args.weights.empty() || !args.heatmap.empty()) {
+    // The weights once, for the file and the heatmap alike: into the --weights file when there
+    // is one, else into memory.
     const Dims shape = {q.shape[0], q.shape[1], q.shape[2], k.shape[2]};
-    attention_weights(c.q, c.k,
-                      files.add("--weights", args.weights, NpyType::f4, shape, DType::f32, shape),
-                      specs.mask, specs.mods, options);
+    std::optional<TensorBuffer> in_memory;
+    const MutableTensorView weights =
+        !args.weights.empty()
+            ? files.add("--weights", args.weights, NpyType::f4, shape, DType::f32, shape)
+            : in_memory.emplace(DType::f32, shape).mutable_view();
+    attention_weights(c.q, c.k, weights, specs.mask, specs.mods, options);
+    if (!args.heatmap.empty()) write_weights_heatmap(c, weights, args.heatmap, args.tokens);
   }
   files.commit();
   return 0;
