@@ -1,9 +1,13 @@
-"""The package's internal structure: no import cycle among its modules.
+"""The package's internal structure: no import cycle among its modules, and no private name used
+across them.
 
 * Importing any module first, in a fresh interpreter, and then all the others works, whatever the
   order (a cycle hidden in a function-level import shows up only in some orders, or at run time).
 * A static check reads every module with ``ast`` and builds the graph of the package's own
   imports, function-level ones included: it must have no cycle.
+* A name starting with ``_`` belongs to its module: another module of the package may not import
+  it (``from ._api import _inputs``) nor read it (``_api._inputs``). Modules themselves may be
+  underscore-private (``from . import _core``); dunder names (``__version__``) are not private.
 """
 
 from __future__ import annotations
@@ -164,6 +168,13 @@ def test_no_import_cycle_among_the_package_modules():
     edges = {module: imports.edges for module, imports in _read_imports().items()}
     cycle = _find_cycle(edges)
     assert cycle is None, "import cycle: " + " → ".join(_dotted(m) for m in cycle)
+
+
+def test_no_private_name_is_used_across_modules():
+    violations = [f"{_dotted(module)} {violation}"
+                  for module, imports in _read_imports().items()
+                  for violation in imports.violations]
+    assert not violations, "private names used across modules:\n" + "\n".join(violations)
 
 
 def _import_in_fresh_interpreter(order):
