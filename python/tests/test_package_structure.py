@@ -29,15 +29,17 @@ SOURCES = {path.stem: path for path in sorted(PACKAGE_DIR.glob("*.py"))}
 # Every module of the package: its Python files (the package itself is "__init__") and the C++
 # extension, which has no Python source.
 MODULES = set(SOURCES) | {"_core"}
-# What a module needs besides NumPy, to skip what this environment cannot import.
-NEEDS = {"torch": "torch", "_torch_autograd": "torch", "_torch_compile": "torch",
-         "_torch_flex": "torch", "_torch_score_mods": "torch", "_torch_sdpa": "torch",
-         "_torch_masks": "torch", "transformers": "transformers"}
 
 
 def _importable(module: str) -> bool:
-    needed = NEEDS.get(module)
-    return needed is None or importlib.util.find_spec(needed) is not None
+    """Whether this environment has what ``module`` needs besides NumPy: torch for maskattn.torch
+    and its _torch_* modules, transformers (and torch) for maskattn.transformers."""
+    needed = []
+    if module == "torch" or module.startswith("_torch") or module == "transformers":
+        needed.append("torch")
+    if module == "transformers":
+        needed.append("transformers")
+    return all(importlib.util.find_spec(name) is not None for name in needed)
 
 
 def _dotted(module: str) -> str:
