@@ -38,11 +38,12 @@ other two, steps stalled for milliseconds).
 import argparse
 import math
 import time
+import types
 
 from torch_attention import blas_core  # bench/ is the script's directory, on sys.path
 
 
-def main():
+def parse_arguments():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
@@ -55,17 +56,19 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--evict-mib", type=float, default=0)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def build_layer(args, capacity):
+    """The layer in args.dtype: nn.MultiheadAttention's weights (seeded), caches [B, H, capacity,
+    D], the step's token, a random query for attention alone, and the functions of the step (the
+    timed code) over them."""
     import torch
     import torch.nn.functional as F
 
-    torch.set_num_threads(args.threads)
-    lengths = sorted(int(n) for n in args.lengths.split(","))
     dtype = torch.float32 if args.dtype == "f32" else torch.bfloat16
     batch, model, heads = args.batch, args.model, args.heads
     dim = model // heads
-    capacity = lengths[-1] + 1
     scale = 1.0 / math.sqrt(dim)
 
     torch.manual_seed(0)
@@ -99,54 +102,78 @@ def main():
     weights_bytes = sum(t.numel() * t.element_size()
                         for t in (in_weight, in_bias, out_weight, out_bias))
     position_bytes = batch * heads * 2 * dim * keys.element_size()
-    print(f"config model={model} heads={heads} kv_heads={heads} head_dim={dim} batch={batch} "
-          f"dtype={args.dtype} threads={args.threads} repeat={args.repeat} "
-          f"evict_mib={args.evict_mib:.0f} weights_mib={weights_bytes / 2**20:.2f} "
-          f"torch={torch.__version__} blas_core={blas_core()}", flush=True)
+    return types.SimpleNamespace(
+        dtype=dtype, batch=batch, model=model, heads=heads, dim=dim, in_weight=in_weight,
+        in_bias=in_bias, keys=keys, values=values, token=token, query=query, evict=evict,
+        attend=attend, step=step, weights_bytes=weights_bytes, position_bytes=position_bytes)
 
-    xs, ys = [], []
-    filled = 0
-    with torch.no_grad():
-        for n in lengths:
-            while filled < n:  # prefill: the projections of random embeddings
-                count = min(args.chunk, n - filled)
-                x = (torch.rand(batch, count, model) * 2 - 1).to(dtype)
-                k, v = F.linear(x, in_weight, in_bias)[..., model:].split(model, dim=-1)
-                keys[:, :, filled:filled + count] = k.view(batch, count, heads, dim).transpose(1, 2)
-                values[:, :, filled:filled + count] = v.view(batch, count, heads,
-                                                             dim).transpose(1, 2)
-                filled += count
-            times, attention_times, linear_times = [], [], []
-            for r in range(args.warmup + args.repeat):
-                evict()
-                start = time.perf_counter()
-                step(token, n)
-                elapsed = (time.perf_counter() - start) * 1e6
-                evict()
-                start = time.perf_counter()
-                attend(query, n)
-                attention_elapsed = (time.perf_counter() - start) * 1e6
-                evict()
-                start = time.perf_counter()
-                F.linear(token, in_weight, in_bias)
-                linear_elapsed = (time.perf_counter() - start) * 1e6
-                if r >= args.warmup:
-                    times.append(elapsed)
-                    attention_times.append(attention_elapsed)
-                    linear_times.append(linear_elapsed)
-            for samples in (times, attention_times, linear_times):
-                samples.sort()
-            median = times[len(times) // 2]
-            read_bytes = position_bytes * (n + 1) + weights_bytes
-            print(f"cached={n} median_us={median:.2f} min_us={times[0]:.2f} "
-                  f"max_us={times[-1]:.2f} tokens_per_s={batch / median * 1e6:.1f} "
-                  f"cache_mib={position_bytes * n / 2**20:.2f} read_mib={read_bytes / 2**20:.2f} "
-                  f"gbs={read_bytes / median * 1e-3:.2f} "
-                  f"attention_us={attention_times[len(attention_times) // 2]:.2f} "
-                  f"qkv_linear_us={linear_times[len(linear_times) // 2]:.2f}", flush=True)
-            xs.append(n)
-            ys.append(median)
 
+def prefill(layer, filled, n, chunk):
+    """Fills the caches from position ``filled`` to ``n`` with the projections of random
+    embeddings, ``chunk`` positions at a time; returns n."""
+    import torch
+    import torch.nn.functional as F
+
+    batch, model, heads, dim = layer.batch, layer.model, layer.heads, layer.dim
+    keys, values = layer.keys, layer.values
+    while filled < n:
+        count = min(chunk, n - filled)
+        x = (torch.rand(batch, count, model) * 2 - 1).to(layer.dtype)
+        k, v = F.linear(x, layer.in_weight, layer.in_bias)[..., model:].split(model, dim=-1)
+        keys[:, :, filled:filled + count] = k.view(batch, count, heads, dim).transpose(1, 2)
+        values[:, :, filled:filled + count] = v.view(batch, count, heads,
+                                                     dim).transpose(1, 2)
+        filled += count
+    return filled
+
+
+def time_steps(layer, n, warmup, repeat):
+    """(step, attention alone, q/k/v F.linear alone) times in µs, each sorted: ``repeat`` timed
+    rounds after ``warmup``, the three interleaved, the eviction read before each."""
+    import torch.nn.functional as F
+
+    evict, step, attend = layer.evict, layer.step, layer.attend
+    token, query, in_weight, in_bias = layer.token, layer.query, layer.in_weight, layer.in_bias
+    times, attention_times, linear_times = [], [], []
+    for r in range(warmup + repeat):
+        evict()
+        start = time.perf_counter()
+        step(token, n)
+        elapsed = (time.perf_counter() - start) * 1e6
+        evict()
+        start = time.perf_counter()
+        attend(query, n)
+        attention_elapsed = (time.perf_counter() - start) * 1e6
+        evict()
+        start = time.perf_counter()
+        F.linear(token, in_weight, in_bias)
+        linear_elapsed = (time.perf_counter() - start) * 1e6
+        if r >= warmup:
+            times.append(elapsed)
+            attention_times.append(attention_elapsed)
+            linear_times.append(linear_elapsed)
+    for samples in (times, attention_times, linear_times):
+        samples.sort()
+    return times, attention_times, linear_times
+
+
+def print_length(layer, n, times, attention_times, linear_times):
+    """The line of one cached length (decode_run's fields, plus qkv_linear_us); returns the
+    median step time."""
+    median = times[len(times) // 2]
+    read_bytes = layer.position_bytes * (n + 1) + layer.weights_bytes
+    print(f"cached={n} median_us={median:.2f} min_us={times[0]:.2f} "
+          f"max_us={times[-1]:.2f} tokens_per_s={layer.batch / median * 1e6:.1f} "
+          f"cache_mib={layer.position_bytes * n / 2**20:.2f} "
+          f"read_mib={read_bytes / 2**20:.2f} "
+          f"gbs={read_bytes / median * 1e-3:.2f} "
+          f"attention_us={attention_times[len(attention_times) // 2]:.2f} "
+          f"qkv_linear_us={linear_times[len(linear_times) // 2]:.2f}", flush=True)
+    return median
+
+
+def print_fit(xs, ys):
+    """The least-squares line time = intercept + slope · n over the medians."""
     count = len(xs)
     sx, sy = sum(xs), sum(ys)
     sxx = sum(x * x for x in xs)
@@ -157,6 +184,31 @@ def main():
     deviation = max(abs(y - (intercept + slope * x)) / y for x, y in zip(xs, ys))
     print(f"fit slope_us_per_1k={slope * 1000:.3f} intercept_us={intercept:.2f} "
           f"max_rel_dev={deviation:.4f}")
+
+
+def main():
+    args = parse_arguments()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    lengths = sorted(int(n) for n in args.lengths.split(","))
+    layer = build_layer(args, lengths[-1] + 1)
+    print(f"config model={layer.model} heads={layer.heads} kv_heads={layer.heads} "
+          f"head_dim={layer.dim} batch={layer.batch} dtype={args.dtype} threads={args.threads} "
+          f"repeat={args.repeat} evict_mib={args.evict_mib:.0f} "
+          f"weights_mib={layer.weights_bytes / 2**20:.2f} "
+          f"torch={torch.__version__} blas_core={blas_core()}", flush=True)
+
+    xs, ys = [], []
+    filled = 0
+    with torch.no_grad():
+        for n in lengths:
+            filled = prefill(layer, filled, n, args.chunk)
+            times, attention_times, linear_times = time_steps(layer, n, args.warmup, args.repeat)
+            xs.append(n)
+            ys.append(print_length(layer, n, times, attention_times, linear_times))
+    print_fit(xs, ys)
 
 
 if __name__ == "__main__":

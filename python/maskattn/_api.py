@@ -35,16 +35,18 @@ __all__ = [
 ]
 
 
-def _shape4(x, name: str, axes: str):
+def rank4_shape(x, name: str, axes: str):
+    """The shape of a 4-axis view, or maskattn.Error naming ``name`` and the ``axes`` expected."""
     shape = x.shape
     if len(shape) != 4:
         raise Error(f"{name} has shape {list(shape)}; expected {axes}")
     return shape
 
 
-def _checked(mask, mods, scale=None):
-    """The arguments the core takes as objects, refused with maskattn.Error (not the binding's
-    TypeError listing its internal signature) when they have the wrong type."""
+def check_mask_mods_scale(mask, mods, scale=None):
+    """The scale as the core takes it (None: 1/sqrt(D)), after checking the arguments the core
+    takes as objects: refused with maskattn.Error (not the binding's TypeError listing its
+    internal signature) when they have the wrong type."""
     if mask is not None and not isinstance(mask, _core.Mask):
         raise Error(f"mask must be a maskattn.Mask or None, got {type(mask).__name__}")
     if mods is not None and not isinstance(mods, _core.ScoreMods):
@@ -54,7 +56,7 @@ def _checked(mask, mods, scale=None):
     return None if scale is None else float(scale)
 
 
-def _inputs(arrays, names, dtype, layout):
+def input_views(arrays, names, dtype, layout):
     """Core views of q, k, v (and friends) in [B, H, L, D] order, with their shared element tag."""
     element = element_tag(dtype)
     views = []
@@ -101,11 +103,11 @@ def attention(
     with ``return_lse=True`` also LSE [B, Hq, Lq] (float32, natural log). A row with no allowed
     key gives O = 0 and LSE = -inf, never NaN.
     """
-    scale = _checked(mask, mods, scale)
-    (qb, kb, vb), element = _inputs((q, k, v), ("q", "k", "v"), dtype, layout)
-    batch, heads, q_len, _ = _shape4(qb, "q", "[B,Hq,Lq,D]")
-    _shape4(kb, "k", "[B,Hkv,Lk,D]")
-    value_dim = _shape4(vb, "v", "[B,Hkv,Lk,Dv]")[3]
+    scale = check_mask_mods_scale(mask, mods, scale)
+    (qb, kb, vb), element = input_views((q, k, v), ("q", "k", "v"), dtype, layout)
+    batch, heads, q_len, _ = rank4_shape(qb, "q", "[B,Hq,Lq,D]")
+    rank4_shape(kb, "k", "[B,Hkv,Lk,D]")
+    value_dim = rank4_shape(vb, "v", "[B,Hkv,Lk,Dv]")[3]
     shape = (batch, heads, q_len, value_dim)
     if out is None:
         result, out_view = new_output(q, shape, layout)
@@ -149,13 +151,13 @@ def attention_backward(
     shape of ``mods.bias``) and dsinks (float32 [Hq]) are None when ``mods`` has no bias or sinks.
     Hidden pairs contribute exactly nothing: a fully hidden row has dq = 0.
     """
-    scale = _checked(mask, mods, scale)
-    views, element = _inputs(
+    scale = check_mask_mods_scale(mask, mods, scale)
+    views, element = input_views(
         (q, k, v, out, dout), ("q", "k", "v", "out", "dout"), dtype, layout
     )
     qb, kb, vb, ob, db = views
     lse_view, _ = core_view(lse, "lse", "")
-    shapes = [_shape4(x, n, a) for x, n, a in zip(
+    shapes = [rank4_shape(x, n, a) for x, n, a in zip(
         (qb, kb, vb), ("q", "k", "v"), ("[B,Hq,Lq,D]", "[B,Hkv,Lk,D]", "[B,Hkv,Lk,Dv]"))]
     grads, grad_views = zip(*(new_output(like, shape, layout) for like, shape in zip((q, k, v), shapes)))
     dbias = dsinks = None
@@ -205,7 +207,7 @@ def merge_partials(parts, *, dtype=None, out=None):
 def allowed_pairs(mask, batch=1, q_heads=1, q_len=None, k_len=None, *, b=None, h=None):
     """The mask evaluated for [B, Hq, Lq, Lk] as a uint8 NumPy array (1 = allowed); with b and h,
     one sequence and head: [Lq, Lk]."""
-    _checked(mask, None)
+    check_mask_mods_scale(mask, None)
     if q_len is None:
         raise Error("allowed_pairs needs q_len (and k_len, default q_len)")
     k_len = q_len if k_len is None else k_len
@@ -215,7 +217,7 @@ def allowed_pairs(mask, batch=1, q_heads=1, q_len=None, k_len=None, *, b=None, h
 def block_map(mask, batch=1, q_heads=1, q_len=None, k_len=None, *, tile_q=64, tile_k=64):
     """The tiles the kernels see: [B, Hq, ⌈Lq/tile_q⌉, ⌈Lk/tile_k⌉], 0 = empty (skipped),
     1 = full, 2 = partial."""
-    _checked(mask, None)
+    check_mask_mods_scale(mask, None)
     if q_len is None:
         raise Error("block_map needs q_len (and k_len, default q_len)")
     k_len = q_len if k_len is None else k_len
@@ -226,10 +228,10 @@ def attention_weights(q, k, mask=None, mods=None, *, scale=None, layout="bhld", 
                       threads=None, kernel="auto"):
     """The softmax weights P [B, Hq, Lq, Lk] (float32) — a debugging tool: it costs Lq·Lk per
     head. Hidden pairs get exactly 0."""
-    scale = _checked(mask, mods, scale)
-    (qb, kb), element = _inputs((q, k), ("q", "k"), dtype, layout)
-    batch, heads, q_len, _ = _shape4(qb, "q", "[B,Hq,Lq,D]")
-    k_len = _shape4(kb, "k", "[B,Hkv,Lk,D]")[2]
+    scale = check_mask_mods_scale(mask, mods, scale)
+    (qb, kb), element = input_views((q, k), ("q", "k"), dtype, layout)
+    batch, heads, q_len, _ = rank4_shape(qb, "q", "[B,Hq,Lq,D]")
+    k_len = rank4_shape(kb, "k", "[B,Hkv,Lk,D]")[2]
     weights = empty_like_framework(q, (batch, heads, q_len, k_len), "float32")
     _core.attention_weights(qb, kb, weights, mask, mods, scale, threads_arg(threads), kernel, element)
     return weights
@@ -241,10 +243,10 @@ def attention_scores(q, k, mask=None, mods=None, *, stage="final", scale=None, l
     is what enters the softmax (every modifier applied, hidden pairs -inf)."""
     if stage not in ("scaled", "final"):
         raise Error(f'stage must be "scaled" or "final", got {stage!r}')
-    scale = _checked(mask, mods, scale)
-    (qb, kb), element = _inputs((q, k), ("q", "k"), dtype, layout)
-    batch, heads, q_len, _ = _shape4(qb, "q", "[B,Hq,Lq,D]")
-    k_len = _shape4(kb, "k", "[B,Hkv,Lk,D]")[2]
+    scale = check_mask_mods_scale(mask, mods, scale)
+    (qb, kb), element = input_views((q, k), ("q", "k"), dtype, layout)
+    batch, heads, q_len, _ = rank4_shape(qb, "q", "[B,Hq,Lq,D]")
+    k_len = rank4_shape(kb, "k", "[B,Hkv,Lk,D]")[2]
     scores = empty_like_framework(q, (batch, heads, q_len, k_len), "float32")
     _core.attention_scores(qb, kb, scores, stage == "final", mask, mods, scale,
                            threads_arg(threads), element)
@@ -256,8 +258,8 @@ def gradcheck(q, k, v, dout, mask=None, mods=None, *, scale=None, layout="bhld",
     """attention_backward checked against central finite differences of the f64 reference
     (small problems: two forwards per element). Returns a dict with ``passed``, ``tolerance``
     and one entry per gradient tensor."""
-    scale = _checked(mask, mods, scale)
-    (qb, kb, vb, db), element = _inputs((q, k, v, dout), ("q", "k", "v", "dout"), dtype, layout)
+    scale = check_mask_mods_scale(mask, mods, scale)
+    (qb, kb, vb, db), element = input_views((q, k, v, dout), ("q", "k", "v", "dout"), dtype, layout)
     return _core.gradcheck(qb, kb, vb, db, mask, mods, scale, kernel, step, tolerance, element)
 
 

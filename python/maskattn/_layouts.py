@@ -14,7 +14,7 @@ import operator
 import numpy as np
 
 from . import _core
-from ._tools import _seed
+from ._tools import checked_seed
 
 Error = _core.Error
 
@@ -57,7 +57,7 @@ def bigbird_layout(blocks, *, sliding_blocks=3, global_blocks=2, random_blocks=3
     return _core.bigbird_layout(
         _int(blocks, where, "blocks"), _int(sliding_blocks, where, "sliding_blocks"),
         _int(global_blocks, where, "global_blocks"), _int(random_blocks, where, "random_blocks"),
-        _seed(seed, where), _int(heads, where, "heads"))
+        checked_seed(seed, where), _int(heads, where, "heads"))
 
 
 def strided_layout(blocks, local_blocks, stride, *, causal=True, heads=0):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from . import _core
-from ._api import _inputs, allowed_pairs
+from ._api import allowed_pairs, input_views
 from ._arrays import Error, is_torch
 
 PAD_ID = _core.PAD_ID
@@ -92,7 +92,9 @@ def _dtype_tag(dtype) -> str:
     return _AUDIT_DTYPES[key]
 
 
-def _seed(seed, where: str) -> int:
+def checked_seed(seed, where: str) -> int:
+    """A seed for the C++ draws (an int in [0, 2**64)), refused with maskattn.Error naming
+    ``where`` otherwise; the layout builders check theirs with it too."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (
         0 <= int(seed) < 2**64
     ):
@@ -171,7 +173,7 @@ def audit_mask(mask, mods=None, expected=None, *, batch=1, q_heads=1, kv_heads=N
     kv_heads = q_heads if kv_heads is None else kv_heads
     values = _core.audit_mask(
         mask, mods, expected, batch, q_heads, kv_heads, q_len, k_len, head_dim, _dtype_tag(dtype),
-        kernel, _seed(seed, "audit_mask"),
+        kernel, checked_seed(seed, "audit_mask"),
     )
     return AuditReport(values)
 
@@ -223,7 +225,7 @@ def health_report(q, k, v, mask=None, mods=None, *, scale=None, layout="bhld", d
     materialises the [B, Hq, Lq, Lk] scores and weights."""
     if isinstance(max_heads, bool) or not isinstance(max_heads, (int, np.integer)) or max_heads < 1:
         raise Error(f"health_report: max_heads must be an int >= 1, got {max_heads!r}")
-    (qb, kb, vb), element = _inputs((q, k, v), ("q", "k", "v"), dtype, layout)
+    (qb, kb, vb), element = input_views((q, k, v), ("q", "k", "v"), dtype, layout)
     values = _core.health_report(qb, kb, vb, mask, mods, scale, int(max_heads), element)
     names = [f.name for f in fields(HeadHealth)]
     heads = [HeadHealth(**{name: head[name] for name in names}) for head in values["heads"]]
@@ -329,7 +331,7 @@ def mae_patch_masking(patches, mask_ratio, seed) -> PatchMasking:
     """MAE masking: a seeded random round(patches·(1 − mask_ratio)) of ``patches`` positions are
     kept (``keep`` [patches] 0/1, ``kept`` sorted indices); ``mask()`` hides the others as keys
     and as queries."""
-    return _core.mae_patch_masking(patches, mask_ratio, _seed(seed, "mae_patch_masking"))
+    return _core.mae_patch_masking(patches, mask_ratio, checked_seed(seed, "mae_patch_masking"))
 
 
 def mlm_masking(ids, vocabulary_size, seed, rate=0.15):
@@ -341,7 +343,8 @@ def mlm_masking(ids, vocabulary_size, seed, rate=0.15):
         ids = ids.ids
     as_torch = is_torch(ids)
     source = _host(ids)
-    inputs, labels = _core.mlm_masking(source, vocabulary_size, _seed(seed, "mlm_masking"), rate)
+    inputs, labels = _core.mlm_masking(source, vocabulary_size, checked_seed(seed, "mlm_masking"),
+                                       rate)
     if as_torch:
         import torch
 

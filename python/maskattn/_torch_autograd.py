@@ -29,7 +29,8 @@ from . import _api, _core
 
 Error = _core.Error
 
-__all__ = ["ScoreMods", "attention", "attention_and_lse", "Call", "core_mods_of"]
+__all__ = ["ScoreMods", "attention", "attention_and_lse", "Call", "COMPUTE_DTYPES", "check_mask",
+           "check_tensors", "core_mods_of"]
 
 
 class ScoreMods:
@@ -109,7 +110,9 @@ def core_mods_of(mods):
     )
 
 
-_COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The dtypes maskattn computes in; also what the transformers backend checks a model's tensors
+# against (with its own messages).
+COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def check_tensors(named):
@@ -126,7 +129,7 @@ def check_tensors(named):
                 f"{name} (shape {list(value.shape)}) is on {value.device}; maskattn computes on "
                 f"the CPU: move it with .cpu()"
             )
-        if value.dtype not in _COMPUTE_DTYPES:
+        if value.dtype not in COMPUTE_DTYPES:
             raise Error(
                 f"{name} has dtype {value.dtype} (shape {list(value.shape)}); maskattn computes "
                 f"in torch.float32, torch.float16 or torch.bfloat16: convert with .float()"

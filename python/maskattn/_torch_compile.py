@@ -3,10 +3,10 @@
 
 Design: a custom op's arguments must be tensors and plain values, so the ops take the SDPA
 tensor-mask forms only — a bool keep mask, a float additive mask, a float bias (the float mask
-when it requires grad) and the top-left causal flag — and build the maskattn Mask inside, where
-the tensors are real. ``maskattn::sdpa`` returns (out, lse); its autograd formula calls
-``maskattn::sdpa_backward``, also an op, so the backward graph compiles too. Fake (meta)
-implementations give the shapes: out [B, H, L, Dv] in q's dtype and lse [B, H, L] float32,
+when it requires grad) and the top-left causal flag, split by _torch_masks as the eager call
+splits them — and build the maskattn Mask inside, where the tensors are real.
+``maskattn::sdpa`` returns (out, lse); its autograd formula calls ``maskattn::sdpa_backward``,
+also an op, so the backward graph compiles too. Fake (meta) implementations give the shapes: out [B, H, L, Dv] in q's dtype and lse [B, H, L] float32,
 contiguous, as the real calls allocate them.
 
 Limitation: ``mask=`` (a maskattn.Mask) and ``mods=`` are C++ objects with no tensor form, so a
@@ -23,26 +23,18 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _api, _core
-from ._torch_autograd import Call
+from . import _api
+from ._torch_autograd import Call, ScoreMods
+from ._torch_masks import core_mask, split_attn_mask
 
 __all__ = ["compiled_attention"]
 
 
 def _call_for(attn_mask: Optional[Tensor], bias: Optional[Tensor], is_causal: bool,
               scale: Optional[float]) -> Call:
-    from ._torch_sdpa import _additive_mask, _keep_mask, _top_left_causal, converted_masks
-
-    masks = []
-    if is_causal:
-        masks.append(_top_left_causal)
-    if attn_mask is not None:
-        convert = _keep_mask if attn_mask.dtype == torch.bool else _additive_mask
-        masks.append(converted_masks.get(attn_mask, "op", lambda: convert(attn_mask)))
-    mask = masks[0] if len(masks) == 1 else (masks[0] & masks[1] if masks else None)
-    mods = None
-    if bias is not None:
-        mods = _core.ScoreMods(bias=bias.detach().to(torch.float32).numpy())
+    """The maskattn call for the op's arguments (split as split_attn_mask splits them)."""
+    mask = core_mask(None, is_causal, attn_mask, attn_mask, "op")
+    mods = None if bias is None else ScoreMods(bias=bias).core()
     return Call(mask, mods, scale, "bhld", None)
 
 
@@ -109,11 +101,7 @@ def compiled_attention(q4, k4, v4, folded_mask, is_causal, scale, mask, mods, ou
     mods=) through ``outside_graph``, the eager call wrapped in torch.compiler.disable."""
     if mask is not None or mods is not None:
         return outside_graph(q4, k4, v4, folded_mask, is_causal, scale, mask, mods)
-    attn_mask = bias = None
-    if folded_mask is not None and folded_mask.dtype != torch.bool and folded_mask.requires_grad:
-        bias = folded_mask
-    else:
-        attn_mask = folded_mask
+    attn_mask, bias = split_attn_mask(folded_mask)
     out, _ = torch.ops.maskattn.sdpa(q4, k4, v4, attn_mask, bias, bool(is_causal),
                                      None if scale is None else float(scale))
     return out

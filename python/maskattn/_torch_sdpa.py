@@ -15,12 +15,8 @@ see them), to maskattn's problem [B, H, L, D], and its masks to maskattn masks:
 * ``is_causal`` is ``Mask().causal("top_left")`` (PyTorch's alignment when L ≠ S);
 * ``mask=`` (a maskattn.Mask) and ``mods=`` are intersected/combined with the above.
 
-Converting an L×S mask copies it into the C++ Mask, and the Mask then caches which tiles it
-hides. Repeated calls with the same mask tensor (every layer of a model, every step of a loop)
-reuse the converted Mask from a small LRU keyed by (data_ptr, shape, stride, dtype, _version) and
-checked against a weak reference to the tensor itself, so a new tensor that happens to reuse a
-freed one's memory is never mistaken for it, and an in-place change (which bumps _version) is
-seen.
+This module folds the shapes; _torch_masks converts the masks (and caches the conversions), for
+this eager call and for the custom ops of _torch_compile alike.
 
 Difference from PyTorch, by design: a row with no allowed key gives 0 (and zero gradients) in
 every case; ``dropout_p > 0`` is an error (maskattn has no dropout).
@@ -28,84 +24,16 @@ every case; ``dropout_p > 0`` is an error (maskattn has no dropout).
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections import OrderedDict
-
 import torch
 
 from . import _core
-from ._torch_autograd import (
-    Call,
-    ScoreMods,
-    attention_and_lse,
-    check_mask,
-    check_tensors,
-    core_mods_of,
-)
+from ._torch_autograd import Call, attention_and_lse, check_mask, check_tensors, core_mods_of
 from ._torch_compile import BREAK_REASON, compiled_attention
+from ._torch_masks import check_causal_alignment, core_mask, mods_with_bias, split_attn_mask
 
 Error = _core.Error
 
 __all__ = ["scaled_dot_product_attention"]
-
-
-class _ConvertedMasks:
-    """A small, thread-safe LRU: attn_mask tensor → the maskattn.Mask made from it."""
-
-    def __init__(self, capacity: int = 8):
-        self._capacity = capacity
-        self._entries: OrderedDict = OrderedDict()  # key → (weakref to the tensor, Mask)
-        self._lock = threading.RLock()  # re-entrant: a weakref callback may run inside a lookup
-        self.conversions = 0  # how many masks were converted (tests read it)
-
-    @staticmethod
-    def _key(tensor: torch.Tensor, context):
-        try:
-            version = tensor._version  # inference-mode tensors have no version counter
-        except RuntimeError:
-            return None
-        return (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype,
-                version, context)
-
-    def get(self, tensor: torch.Tensor, context, convert):
-        """The Mask for ``tensor`` (in the folding ``context``), converting it on a miss."""
-        key = self._key(tensor, context)
-        if key is not None:
-            with self._lock:
-                entry = self._entries.get(key)
-                if entry is not None and entry[0]() is tensor:
-                    self._entries.move_to_end(key)
-                    return entry[1]
-        mask = convert()
-        with self._lock:
-            self.conversions += 1
-            if key is None:
-                return mask
-            ref = weakref.ref(tensor, lambda dead, key=key: self._forget(key, dead))
-            self._entries[key] = (ref, mask)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._capacity:
-                self._entries.popitem(last=False)
-        return mask
-
-    def _forget(self, key, dead_ref):
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None and entry[0] is dead_ref:
-                del self._entries[key]
-
-    def clear(self):
-        with self._lock:
-            self._entries.clear()
-
-    def __len__(self):
-        return len(self._entries)
-
-
-converted_masks = _ConvertedMasks()
-
-_top_left_causal = _core.Mask().causal("top_left")
 
 
 def _shape(x) -> list:
@@ -197,57 +125,6 @@ def fold_attn_mask(attn_mask, batch, heads: int, q_len: int, k_len: int):
     return padded.expand(*batch, *padded.shape[-3:]).reshape(-1, *padded.shape[-3:])
 
 
-def _keep_mask(folded):
-    return _core.Mask().keep(folded.detach().cpu().numpy())
-
-
-def _additive_mask(folded):
-    return _core.Mask().additive(folded.detach().to("cpu", torch.float32).numpy())
-
-
-def _bias_mods(mods, folded):
-    """``mods`` with the float mask that requires grad added to its bias (as torch tensors, so
-    both receive their gradients)."""
-    if mods is None:
-        return ScoreMods(bias=folded)
-    if isinstance(mods, ScoreMods):
-        bias = folded if mods.bias is None else torch.as_tensor(mods.bias) + folded
-        return ScoreMods(softcap=mods.softcap, alibi_slopes=mods.alibi_slopes, bias=bias,
-                         score_fn=mods.score_fn, threshold=mods.threshold, sinks=mods.sinks)
-    if isinstance(mods, _core.ScoreMods):
-        if mods.has_score_fn:
-            raise Error(
-                "a float attn_mask that requires grad becomes a bias, which cannot be added to a "
-                "maskattn.ScoreMods with a score_fn; give mods as maskattn.torch.ScoreMods"
-            )
-        core_bias = mods.bias  # a read-only view: torch.tensor copies it without a warning
-        bias = folded if core_bias is None else torch.tensor(core_bias) + folded
-        return ScoreMods(softcap=mods.softcap, alibi_slopes=list(mods.alibi_slopes) or None,
-                         bias=bias, threshold=mods.threshold, sinks=list(mods.sinks) or None)
-    return mods  # core_mods_of names the bad type
-
-
-def intersect(masks):
-    """The intersection of maskattn Masks (None for none)."""
-    masks = [m for m in masks if m is not None]
-    if not masks:
-        return None
-    combined = masks[0]
-    for other in masks[1:]:
-        combined = combined & other
-    return combined
-
-
-def _check_causal_alignment(mask, q_len: int, k_len: int):
-    if mask is not None and q_len != k_len and mask.alignment != "top_left":
-        raise Error(
-            f"is_causal=True is top-left aligned, and with L={q_len} != S={k_len} it would "
-            f"re-align mask={mask.describe()} (bottom-right by default); call "
-            f"mask.set_alignment('top_left'), or add mask.causal() (bottom-right) instead of "
-            f"is_causal"
-        )
-
-
 def check_sdpa_arguments(attn_mask, dropout_p, is_causal):
     if dropout_p != 0.0:
         raise Error(
@@ -274,17 +151,14 @@ def _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask
                      batch=None):
     """The maskattn call for folded tensors, with the attn_mask converted (and cached under the
     caller's tensor ``attn_mask`` folded for ``batch``, or under ``folded`` itself)."""
-    masks = [mask, _top_left_causal if is_causal else None]
-    source = folded if attn_mask is None else attn_mask
+    mask_tensor, bias = split_attn_mask(folded)
+    cached_as = folded if attn_mask is None else attn_mask
     context = (batch, tuple(q4.shape), k4.shape[2])
-    if folded is not None and folded.dtype == torch.bool:
-        masks.append(converted_masks.get(source, context, lambda: _keep_mask(folded)))
-    elif folded is not None and folded.requires_grad and torch.is_grad_enabled():
-        mods = _bias_mods(mods, folded)
-    elif folded is not None:
-        masks.append(converted_masks.get(source, context, lambda: _additive_mask(folded)))
+    call_mask = core_mask(mask, is_causal, mask_tensor, cached_as, context)
+    if bias is not None:
+        mods = mods_with_bias(mods, bias)
     core_mods, bias, sinks = core_mods_of(mods)
-    call = Call(intersect(masks), core_mods, scale, "bhld", None)
+    call = Call(call_mask, core_mods, scale, "bhld", None)
     out, _ = attention_and_lse(q4, k4, v4, call, bias, sinks, want_lse=False)
     return out
 
@@ -309,7 +183,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q4, k4, v4, batch, out_shape = fold_inputs(query, key, value, enable_gqa)
     heads, q_len, k_len = q4.shape[1], q4.shape[2], k4.shape[2]
     if is_causal:
-        _check_causal_alignment(mask, q_len, k_len)
+        check_causal_alignment(mask, q_len, k_len)
     folded = None
     if attn_mask is not None:
         folded = fold_attn_mask(attn_mask, batch, heads, q_len, k_len)

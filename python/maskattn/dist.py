@@ -143,11 +143,11 @@ def ring_attention(q, k, v, mask=None, mods=None, *, comm=None, layout="zigzag",
     _require_mpi("ring_attention")
 
     def prepare():
-        checked_scale = _api._checked(mask, mods, scale)
-        (qb, kb, vb), element = _api._inputs((q, k, v), ("q", "k", "v"), dtype, "bhld")
-        _api._shape4(qb, "q", "[B,Hq,nq,D]")
-        _api._shape4(kb, "k", "[B,Hkv,nk,D]")
-        _api._shape4(vb, "v", "[B,Hkv,nk,Dv]")
+        checked_scale = _api.check_mask_mods_scale(mask, mods, scale)
+        (qb, kb, vb), element = _api.input_views((q, k, v), ("q", "k", "v"), dtype, "bhld")
+        _api.rank4_shape(qb, "q", "[B,Hq,nq,D]")
+        _api.rank4_shape(kb, "k", "[B,Hkv,nk,D]")
+        _api.rank4_shape(vb, "v", "[B,Hkv,nk,Dv]")
         return qb.shape[2], kb.shape[2], (checked_scale, qb, kb, vb, element)
 
     q_len, k_len, (checked_scale, qb, kb, vb, element) = _agreed(comm, prepare, q_len, k_len)
@@ -175,12 +175,12 @@ def ring_attention_backward(q, k, v, out, lse, dout, mask=None, mods=None, *, co
     _require_mpi("ring_attention_backward")
 
     def prepare():
-        checked_scale = _api._checked(mask, mods, scale)
-        views, element = _api._inputs(
+        checked_scale = _api.check_mask_mods_scale(mask, mods, scale)
+        views, element = _api.input_views(
             (q, k, v, out, dout), ("q", "k", "v", "out", "dout"), dtype, "bhld"
         )
         lse_view, _ = core_view(lse, "lse", "")
-        shapes = [_api._shape4(x, n, a) for x, n, a in zip(
+        shapes = [_api.rank4_shape(x, n, a) for x, n, a in zip(
             views[:3], ("q", "k", "v"), ("[B,Hq,nq,D]", "[B,Hkv,nk,D]", "[B,Hkv,nk,Dv]"))]
         return shapes[0][2], shapes[1][2], (checked_scale, views, lse_view, shapes, element)
 

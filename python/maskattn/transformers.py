@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from ._core import Error, Mask
+from ._torch_autograd import COMPUTE_DTYPES
 
 try:
     import transformers as _transformers
@@ -63,7 +64,6 @@ __all__ = ["register", "attention_forward", "prepare_mask", "PreparedMask", "NAM
 
 NAME = "maskattn"
 _INF = math.inf
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # transformers' own implementations: registering under one of these names would replace it.
 _BUILT_IN = ("eager", "sdpa", "flex_attention", "paged|eager", "flash_attention_2",
              "flash_attention_3", "flash_attention_4")
@@ -360,7 +360,7 @@ def _check_tensors(query, key, value):
             raise Error(
                 f"maskattn attention backend: {name} {list(tensor.shape)} is on device "
                 f"{tensor.device}; maskattn runs on the CPU (move the model with model.to('cpu'))")
-        if tensor.dtype not in _DTYPES:
+        if tensor.dtype not in COMPUTE_DTYPES:
             raise Error(
                 f"maskattn attention backend: {name} {list(tensor.shape)} has dtype "
                 f"{tensor.dtype}; maskattn computes in float32, float16 or bfloat16 (load the "

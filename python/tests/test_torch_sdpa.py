@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 import maskattn  # noqa: E402
 import maskattn.torch as mt  # noqa: E402
-from maskattn._torch_sdpa import converted_masks  # noqa: E402
+from maskattn._torch_masks import converted_masks  # noqa: E402
 from test_torch_common import (  # noqa: E402
     DTYPES,
     assert_close_to_math,
