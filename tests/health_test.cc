@@ -49,6 +49,30 @@ TEST(Health, EmptyRowsNanAndModifiers) {
   EXPECT_NE(poisoned.warnings.back().find("NaN"), std::string::npos);
 }
 
+// What attend --report hands over (the output it computed, in a strided view, and the allowed
+// pairs) gives the report the report computes itself; a given result of the wrong shape is an
+// Error, not a wrong report.
+TEST(Health, PrecomputedResultsGiveTheSameReport) {
+  const std::vector<float> q = {1, 2, NAN, 0.5f}, k = {1, -1, 0.5f, 2}, v = {1, 0, 2, INFINITY};
+  const TensorView qv(q.data(), {1, 1, 4, 1}), kv(k.data(), {1, 1, 4, 1}),
+      vv(v.data(), {1, 1, 4, 1});
+  const Mask mask = Mask().causal().query_lengths({3});
+  const HealthReport own = health_report(qv, kv, vv, mask);
+  std::vector<float> out(8, -7.0f);  // every other element: the view's stride is 2
+  attention(qv, kv, vv, MutableTensorView(out.data(), {1, 1, 4, 1}, {8, 8, 2, 1}), mask);
+  const Array<uint8_t> allowed = allowed_pairs(mask, {1, 1, 4, 4});
+  const HealthPrecomputed given{TensorView(out.data(), {1, 1, 4, 1}, {8, 8, 2, 1}), &allowed};
+  const HealthReport reused = health_report(qv, kv, vv, mask, {}, {}, 64, given);
+  ASSERT_EQ(reused.heads.size(), own.heads.size());
+  EXPECT_EQ(reused.heads[0].nan_count, own.heads[0].nan_count);
+  EXPECT_EQ(reused.heads[0].inf_count, own.heads[0].inf_count);
+  EXPECT_EQ(reused.heads[0].empty_rows, own.heads[0].empty_rows);
+  EXPECT_EQ(reused.heads[0].hidden_fraction, own.heads[0].hidden_fraction);
+  EXPECT_EQ(reused.warnings, own.warnings);
+  const Array<uint8_t> wrong = allowed_pairs(mask, {1, 1, 4, 3});
+  EXPECT_THROW(health_report(qv, kv, vv, mask, {}, {}, 64, {TensorView(), &wrong}), Error);
+}
+
 TEST(Health, WarnsAboutFiniteSentinels) {
   // Row 0 carries -1e9 on every key: uniform weights over pairs meant to be hidden.
   const test::RandomProblem p(1, 1, 1, 3, 3, 4, 4, 5);

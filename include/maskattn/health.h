@@ -26,9 +26,18 @@ struct HealthReport {
   std::vector<std::string> warnings;
 };
 
+// What the caller has already computed for exactly these arguments (maskattn attend --report), so
+// that the report does not compute it again: the attention output O [B,H,L,Dv] (q's dtype, any
+// strides) and the mask's allowed pairs [B,H,L,M] (allowed_pairs). Null: computed here.
+struct HealthPrecomputed {
+  TensorView out;
+  const Array<uint8_t>* allowed = nullptr;
+};
+
 // q, k, v as attention() takes them. At most `max_heads` (b, h) pairs are reported.
 HealthReport health_report(const TensorView& q, const TensorView& k, const TensorView& v,
                            const Mask& mask = {}, const ScoreMods& mods = {},
-                           const Options& options = {}, int64_t max_heads = 64);
+                           const Options& options = {}, int64_t max_heads = 64,
+                           const HealthPrecomputed& given = {});
 
 }  // namespace maskattn

@@ -70,6 +70,21 @@ def input_views(arrays, names, dtype, layout):
     return views, element
 
 
+def frame_values(frame):
+    """``frame=`` as the core takes it: None, or [q_offset, k_offset, q_total, k_total] as ints."""
+    if frame is None:
+        return None
+    values = list(frame) if isinstance(frame, (tuple, list)) else []
+    if len(values) != 4 or not all(
+        isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in values
+    ):
+        raise Error(
+            "frame must be (q_offset, k_offset, q_total, k_total), four integers; "
+            f"got {frame!r}"
+        )
+    return [int(x) for x in values]
+
+
 def _check_out(out, name, shape_bhld, layout):
     view, _ = core_view(writable_output(out, name), name, "")
     view = to_bhld(view, layout)
@@ -95,6 +110,8 @@ def attention(
     kernel="auto",
     products="auto",
     check_finite=False,
+    frame=None,
+    count_sinks=True,
 ):
     """O = softmax(scale·Q·Kᵀ + M)·V with ``mask`` (a :class:`Mask`) and ``mods`` (:class:`ScoreMods`).
 
@@ -102,6 +119,13 @@ def attention(
     same with L and H swapped (model code, FlashAttention). Returns O in q's dtype and layout, and
     with ``return_lse=True`` also LSE [B, Hq, Lq] (float32, natural log). A row with no allowed
     key gives O = 0 and LSE = -inf, never NaN.
+
+    ``frame=(q_offset, k_offset, q_total, k_total)``: q and k are rows [q_offset, q_offset + Lq)
+    and [k_offset, k_offset + Lk) of a problem of q_total queries and k_total keys, and the mask
+    and modifiers are evaluated at those global positions (docs/semantics.md: frames); slices
+    merged with :func:`merge_partials` equal one call over the whole problem. ``count_sinks=False``
+    leaves ``mods.sinks`` out of this call's denominators: with a split of the keys, count them in
+    exactly one part.
     """
     scale = check_mask_mods_scale(mask, mods, scale)
     (qb, kb, vb), element = input_views((q, k, v), ("q", "k", "v"), dtype, layout)
@@ -120,7 +144,7 @@ def attention(
         lse_view = core_view(lse, "lse", "")[0]
     _core.attention(
         qb, kb, vb, out_view, mask, mods, lse_view, scale, threads_arg(threads), kernel, products,
-        check_finite, element,
+        check_finite, element, frame_values(frame), bool(count_sinks),
     )
     return (result, lse) if return_lse else result
 
@@ -142,6 +166,7 @@ def attention_backward(
     kernel="auto",
     products="auto",
     return_mod_grads=False,
+    frame=None,
 ):
     """Gradients (dq, dk, dv) of a loss given dout = ∂L/∂O, from what :func:`attention` returned.
 
@@ -149,7 +174,9 @@ def attention_backward(
     have the dtype and layout of their inputs; dk, dv sum over the query heads sharing a kv head.
     With ``return_mod_grads=True`` the result is (dq, dk, dv, dbias, dsinks): dbias (float32, the
     shape of ``mods.bias``) and dsinks (float32 [Hq]) are None when ``mods`` has no bias or sinks.
-    Hidden pairs contribute exactly nothing: a fully hidden row has dq = 0.
+    Hidden pairs contribute exactly nothing: a fully hidden row has dq = 0. ``frame`` as in
+    :func:`attention`: out and lse are the slice's merged results, the gradients the slice's rows,
+    and dbias the gradient of the whole bias (zero outside the slice).
     """
     scale = check_mask_mods_scale(mask, mods, scale)
     views, element = input_views(
@@ -169,7 +196,7 @@ def attention_backward(
             dsinks = empty_like_framework(q, (len(mods.sinks),), "float32")
     _core.attention_backward(
         qb, kb, vb, ob, lse_view, db, *grad_views, dbias, dsinks, mask, mods, scale,
-        threads_arg(threads), kernel, products, element,
+        threads_arg(threads), kernel, products, element, frame_values(frame),
     )
     if return_mod_grads:
         return (*grads, dbias, dsinks)

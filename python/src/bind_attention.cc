@@ -27,12 +27,15 @@ void attention_binding(const InputArray& q, const InputArray& k, const InputArra
                        const OutputArray& out, const Mask* mask, const ScoreMods* mods,
                        const std::optional<OutputArray>& lse, std::optional<double> scale,
                        int threads, const std::string& kernel, const std::string& products,
-                       bool check_finite, const std::string& element) {
+                       bool check_finite, const std::string& element,
+                       const std::optional<std::vector<int64_t>>& frame, bool count_sinks) {
   const TensorView qv = input_view(q, "q", element), kv = input_view(k, "k", element),
                    vv = input_view(v, "v", element);
   const MutableTensorView ov = output_view(out, "out", element);
   const MutableTensorView lv = optional_output(lse, "lse", "");
-  const Options options = options_of(scale, threads, kernel, products, check_finite);
+  Options options = options_of(scale, threads, kernel, products, check_finite);
+  options.frame = frame_of(frame);
+  options.count_sinks = count_sinks;
   compute_released(mask, mods, [&] {
     attention(qv, kv, vv, ov, mask_or_none(mask), mods_or_none(mods), options, lv);
   });
@@ -45,7 +48,8 @@ void backward_binding(const InputArray& q, const InputArray& k, const InputArray
                       const std::optional<OutputArray>& dsinks, const Mask* mask,
                       const ScoreMods* mods, std::optional<double> scale, int threads,
                       const std::string& kernel, const std::string& products,
-                      const std::string& element) {
+                      const std::string& element,
+                      const std::optional<std::vector<int64_t>>& frame) {
   const TensorView qv = input_view(q, "q", element), kv = input_view(k, "k", element),
                    vv = input_view(v, "v", element), ov = input_view(out, "out", element),
                    lv = input_view(lse, "lse", ""), dov = input_view(dout, "dout", element);
@@ -55,7 +59,8 @@ void backward_binding(const InputArray& q, const InputArray& k, const InputArray
   grads.dv = output_view(dv, "dv", element);
   grads.dbias = optional_output(dbias, "dbias", "");
   grads.dsinks = optional_output(dsinks, "dsinks", "");
-  const Options options = options_of(scale, threads, kernel, products, false);
+  Options options = options_of(scale, threads, kernel, products, false);
+  options.frame = frame_of(frame);
   compute_released(mask, mods, [&] {
     attention_backward(qv, kv, vv, ov, lv, dov, grads, mask_or_none(mask), mods_or_none(mods),
                        options);
@@ -86,11 +91,13 @@ void merge_binding(const std::vector<InputArray>& outs, const std::vector<InputA
 void bind_attention(nb::module_& m) {
   m.def("attention", &attention_binding, arg("q"), arg("k"), arg("v"), arg("out"),
         arg("mask").none(), arg("mods").none(), arg("lse").none(), arg("scale").none(),
-        arg("threads"), arg("kernel"), arg("products"), arg("check_finite"), arg("element"));
+        arg("threads"), arg("kernel"), arg("products"), arg("check_finite"), arg("element"),
+        arg("frame").none() = nb::none(), arg("count_sinks") = true);
   m.def("attention_backward", &backward_binding, arg("q"), arg("k"), arg("v"), arg("out"),
         arg("lse"), arg("dout"), arg("dq"), arg("dk"), arg("dv"), arg("dbias").none(),
         arg("dsinks").none(), arg("mask").none(), arg("mods").none(), arg("scale").none(),
-        arg("threads"), arg("kernel"), arg("products"), arg("element"));
+        arg("threads"), arg("kernel"), arg("products"), arg("element"),
+        arg("frame").none() = nb::none());
   m.def("merge_partials", &merge_binding, arg("outs"), arg("lses"), arg("out"), arg("lse").none(),
         arg("element"));
 }

@@ -25,6 +25,13 @@ Options options_of(std::optional<double> scale, int threads, const std::string& 
   return options;
 }
 
+Frame frame_of(const std::optional<std::vector<int64_t>>& frame) {
+  if (!frame) return Frame{};
+  if (frame->size() != 4)
+    throw Error("frame must hold 4 integers, got " + std::to_string(frame->size()));
+  return Frame{(*frame)[0], (*frame)[1], (*frame)[2], (*frame)[3]};
+}
+
 MutableTensorView optional_output(const std::optional<OutputArray>& array, const char* name,
                                   const std::string& element) {
   return array ? output_view(*array, name, element) : MutableTensorView();

@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "arrays.h"
 #include "callbacks.h"
@@ -18,6 +19,10 @@ const ScoreMods& mods_or_none(const ScoreMods* mods);  // None → no modifiers
 
 Options options_of(std::optional<double> scale, int threads, const std::string& kernel,
                    const std::string& products, bool check_finite);
+
+// frame=: None → the whole problem; else [q_offset, k_offset, q_total, k_total] (the Python layer
+// checked there are four integers).
+Frame frame_of(const std::optional<std::vector<int64_t>>& frame);
 
 MutableTensorView optional_output(const std::optional<OutputArray>& array, const char* name,
                                   const std::string& element);

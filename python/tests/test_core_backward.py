@@ -188,3 +188,41 @@ def test_merge_torch_parts_into_out(rng, dtype):
     reference, reference_lse = reference_attention(q, k, v)
     np.testing.assert_allclose(as_f64(lse), reference_lse, rtol=1e-5, atol=1e-5)
     check_attention(merged, q, k, v, dtype)
+
+
+# --- frames: calls on slices of a larger problem -------------------------------------------------
+
+
+def test_framed_slices_merged_equal_the_whole_call(rng):
+    """Causal + ALiBi + sinks, 2 query slices × 2 key slices: each slice call sees the mask and the
+    modifiers at its global positions, the key parts merge (sinks counted in one part only), and
+    the backward over the slices, summed, equals the whole backward."""
+    q, k, v = random_inputs(rng, B, HQ, HKV, 10, 10, D)
+    mask = ma.Mask().causal()
+    mods = ma.ScoreMods(alibi_slopes=[0.5, 0.25, 0.125, 0.0625][:HQ], sinks=[0.5] * HQ)
+    full, full_lse = ma.attention(q, k, v, mask, mods, return_lse=True)
+    dout = rng.standard_normal(full.shape).astype(np.float32)
+    dq_full, dk_full, dv_full = ma.attention_backward(q, k, v, full, full_lse, dout, mask, mods)
+    dk_sum, dv_sum = np.zeros_like(dk_full), np.zeros_like(dv_full)
+    for q0, q1 in ((0, 4), (4, 10)):
+        parts = []
+        for k0, k1 in ((0, 6), (6, 10)):
+            parts.append(ma.attention(
+                q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], mask, mods, return_lse=True,
+                frame=(q0, k0, 10, 10), count_sinks=k0 == 0))
+        merged, lse = ma.merge_partials(parts)
+        np.testing.assert_allclose(merged, full[:, :, q0:q1], rtol=0, atol=2e-6)
+        np.testing.assert_allclose(lse, full_lse[:, :, q0:q1], rtol=0, atol=2e-6)
+        for k0, k1 in ((0, 6), (6, 10)):
+            dq, dk, dv = ma.attention_backward(
+                q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], merged, lse,
+                dout[:, :, q0:q1], mask, mods, frame=(q0, k0, 10, 10))
+            dk_sum[:, :, k0:k1] += dk
+            dv_sum[:, :, k0:k1] += dv
+            if k0 == 0:
+                dq_sum = dq
+            else:
+                dq_sum = dq_sum + dq
+        np.testing.assert_allclose(dq_sum, dq_full[:, :, q0:q1], rtol=0, atol=2e-5)
+    np.testing.assert_allclose(dk_sum, dk_full, rtol=0, atol=2e-5)
+    np.testing.assert_allclose(dv_sum, dv_full, rtol=0, atol=2e-5)

@@ -285,3 +285,14 @@ def test_P19_alignment_name():
         ma.Mask().causal("top")
     with raises(r"""^alignment must be "bottom_right" or "top_left", got "left\""""):
         ma.Mask().set_alignment("left")
+
+
+def test_P67_frame_not_four_integers_or_outside_its_totals():
+    for frame in ((0, 1), (0, 0, 3, 3.0), "0033", (0, 0, True, 3)):
+        with raises(r"^frame must be \(q_offset, k_offset, q_total, k_total\), four integers"):
+            ma.attention(Q, Q, Q, frame=frame)
+    with raises(r"^frame: rows \[q_offset, q_offset \+ Lq\) = \[2, 5\) are not inside \[0, q_total\)"):
+        ma.attention(Q, Q, Q, frame=(2, 0, 4, 3))
+    out, lse = ma.attention(Q, Q, Q, return_lse=True)
+    with raises(r"^frame must be"):
+        ma.attention_backward(Q, Q, Q, out, lse, np.ones_like(Q), frame=[0, 0])

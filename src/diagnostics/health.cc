@@ -123,7 +123,7 @@ HeadHealth head_health(const Evaluated& e, int64_t b, int64_t h) {
       ++head.empty_rows;
     }
     for (int64_t c = 0; c < Dv; ++c) {
-      const float o = detail::load_float(e.out, row * Dv + c);
+      const float o = detail::load_float(e.out, e.out.offset({b, h, i, c}));
       if (std::isnan(o)) ++head.nan_count;
       if (std::isinf(o)) ++head.inf_count;
     }
@@ -140,7 +140,7 @@ HeadHealth head_health(const Evaluated& e, int64_t b, int64_t h) {
 
 HealthReport health_report(const TensorView& q, const TensorView& k, const TensorView& v,
                            const Mask& mask, const ScoreMods& mods, const Options& options,
-                           int64_t max_heads) {
+                           int64_t max_heads, const HealthPrecomputed& given) {
   if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) {
     throw Error("health_report: q, k, v must be [B,H,L,D] (got " + q.shape_string() + ", " +
                 k.shape_string() + ", " + v.shape_string() + ")");
@@ -151,7 +151,7 @@ HealthReport health_report(const TensorView& q, const TensorView& k, const Tenso
                  "health_report for q " + q.shape_string() + ", k " + k.shape_string());
   const Dims pair_shape = {B, H, L, M};
   std::vector<float> scaled(static_cast<size_t>(pairs)), final_scores(scaled.size()),
-      weights(scaled.size()), out(static_cast<size_t>(B * H * L * Dv));
+      weights(scaled.size());
   Options reference = options;
   reference.kernel = Kernel::reference;
   attention_scores(q, k, MutableTensorView(scaled.data(), pair_shape), ScoreStage::scaled, mask,
@@ -159,10 +159,24 @@ HealthReport health_report(const TensorView& q, const TensorView& k, const Tenso
   attention_scores(q, k, MutableTensorView(final_scores.data(), pair_shape), ScoreStage::final,
                    mask, mods, reference);
   attention_weights(q, k, MutableTensorView(weights.data(), pair_shape), mask, mods, reference);
-  std::vector<uint16_t> typed(out.size() * (q.dtype() == DType::f32 ? 2 : 1));
-  const MutableTensorView out_view(typed.data(), q.dtype(), {B, H, L, Dv});
-  attention(q, k, v, out_view, mask, mods, options);
-  const Array<uint8_t> allowed = allowed_pairs(mask, {B, H, L, M});
+  std::vector<uint16_t> typed;
+  TensorView out_view = given.out;
+  if (out_view.is_null()) {
+    typed.resize(static_cast<size_t>(B * H * L * Dv) * (q.dtype() == DType::f32 ? 2 : 1));
+    const MutableTensorView computed(typed.data(), q.dtype(), {B, H, L, Dv});
+    attention(q, k, v, computed, mask, mods, options);
+    out_view = computed;
+  } else if (out_view.sizes() != Dims{B, H, L, Dv}) {
+    throw Error("health_report: the given out " + out_view.shape_string() +
+                " is not [B,H,L,Dv] = " + shape_string({B, H, L, Dv}));
+  }
+  Array<uint8_t> computed_allowed;
+  if (given.allowed == nullptr) computed_allowed = allowed_pairs(mask, {B, H, L, M});
+  const Array<uint8_t>& allowed = given.allowed != nullptr ? *given.allowed : computed_allowed;
+  if (allowed.shape() != pair_shape) {
+    throw Error("health_report: the given allowed pairs " + shape_string(allowed.shape()) +
+                " are not [B,H,L,M] = " + shape_string(pair_shape));
+  }
 
   HealthReport report;
   const Evaluated evaluated{H, L, M, Dv, scaled, final_scores, weights, allowed, out_view};

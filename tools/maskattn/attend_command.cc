@@ -51,9 +51,11 @@ void print_timing(const std::function<void()>& compute, int repeat) {
                times.back());
 }
 
-// --report: the numeric health report, one line per (batch, head), then the warnings.
-void print_health_report(const Computation& c) {
-  const HealthReport report = health_report(c.q, c.k, c.v, c.specs.mask, c.specs.mods, c.options);
+// --report: the numeric health report, one line per (batch, head), then the warnings. It reads
+// the output and the allowed pairs attend already has instead of computing them again.
+void print_health_report(const Computation& c, const HealthPrecomputed& given) {
+  const HealthReport report =
+      health_report(c.q, c.k, c.v, c.specs.mask, c.specs.mods, c.options, 64, given);
   fmt::print("numeric health report ({}): per head, over allowed pairs\n", dtype_name(c.dtype));
   fmt::print("{:>3} {:>3} {:>22} {:>10} {:>13} {:>8} {:>10} {:>5} {:>5}\n", "b", "h",
              "score min / max", "max logit", "entropy nats", "hidden", "empty rows", "NaN", "Inf");
@@ -68,13 +70,13 @@ void print_health_report(const Computation& c) {
 }
 
 // --heatmap: panels of `weights` (attention_weights of the computation, f32 [B,H,Lq,Lk]), one
-// per (b, h), at most 16; hidden pairs hatched.
-void write_weights_heatmap(const Computation& c, const TensorView& weights, const std::string& path,
+// per (b, h), at most 16; hidden pairs (`allowed`: allowed_pairs of the mask) hatched.
+void write_weights_heatmap(const Computation& c, const TensorView& weights,
+                           const Array<uint8_t>& allowed, const std::string& path,
                            const std::string& tokens) {
-  const int64_t batch = c.q.size(0), heads = c.q.size(1), q_len = c.q.size(2), k_len = c.k.size(2);
+  const int64_t q_len = c.q.size(2), k_len = c.k.size(2);
   const HeatmapLabels labels =
       token_labels(tokens, q_len, k_len, c.specs.mask.alignment() == Alignment::top_left);
-  const Array<uint8_t> allowed = allowed_pairs(c.specs.mask, {batch, heads, q_len, k_len});
   const auto* first = static_cast<const float*>(weights.data());
   write_heatmap(path, heatmap_panels(allowed, std::vector<float>(first, first + weights.numel())),
                 labels);
@@ -130,7 +132,13 @@ int run_attend(const AttendArgs& args) {
   }
   if (args.repeat > 0) print_timing(compute, args.repeat);
 
-  if (args.report) print_health_report(c);
+  // Each derived result once: the mask's allowed pairs serve the report and the heatmap, the
+  // output the report, the weights the file and the heatmap.
+  Array<uint8_t> allowed;
+  if (args.report || !args.heatmap.empty()) {
+    allowed = allowed_pairs(specs.mask, {q.shape[0], q.shape[1], q.shape[2], k.shape[2]});
+  }
+  if (args.report) print_health_report(c, HealthPrecomputed{out, &allowed});
   if (!args.weights.empty() || !args.heatmap.empty()) {
     // The weights once, for the file and the heatmap alike: into the --weights file when there
     // is one, else into memory.
@@ -141,7 +149,9 @@ int run_attend(const AttendArgs& args) {
             ? files.add("--weights", args.weights, NpyType::f4, shape, DType::f32, shape)
             : in_memory.emplace(DType::f32, shape).mutable_view();
     attention_weights(c.q, c.k, weights, specs.mask, specs.mods, options);
-    if (!args.heatmap.empty()) write_weights_heatmap(c, weights, args.heatmap, args.tokens);
+    if (!args.heatmap.empty()) {
+      write_weights_heatmap(c, weights, allowed, args.heatmap, args.tokens);
+    }
   }
   files.commit();
   return 0;
