@@ -13,9 +13,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "kernels/amx.h"
 #include "kernels/bf16_dot.h"
+#include "kernels/product_unit.h"
 #include "kernels/products.h"
 #include "maskattn/cpu.h"
 #include "maskattn/error.h"
@@ -23,6 +26,17 @@
 namespace maskattn {
 
 namespace {
+
+// The table of product units (product_unit.h): one row per unit, each defined in its own file.
+struct UnitRow {
+  Products products;
+  const detail::fused::ProductUnit* unit;
+};
+constexpr UnitRow kUnits[] = {
+    {Products::f32, &detail::fused::kF32Unit},
+    {Products::bf16_dot, &detail::fused::kBf16DotUnit},
+    {Products::amx, &detail::fused::kAmxUnit},
+};
 
 constexpr double kBf16DotMinSpeedup = 1.2;  // vdpbf16ps must beat f32 FMA by this much
 
@@ -56,24 +70,21 @@ bool cpuid_leaf7_edx_bit(unsigned bit) {
 }  // namespace
 
 const char* products_name(Products products) {
-  switch (products) {
-    case Products::automatic:
-      return "auto";
-    case Products::f32:
-      return "f32";
-    case Products::bf16_dot:
-      return "bf16-dot";
-    case Products::amx:
-      return "amx";
+  if (products == Products::automatic) return "auto";
+  for (const UnitRow& row : kUnits) {
+    if (row.products == products) return row.unit->name;
   }
   return "?";
 }
 
 Products parse_products(const std::string& name, const std::string& what) {
-  for (Products p : {Products::automatic, Products::f32, Products::bf16_dot, Products::amx}) {
-    if (name == products_name(p)) return p;
+  if (name == products_name(Products::automatic)) return Products::automatic;
+  std::string names = "auto";
+  for (const UnitRow& row : kUnits) {
+    if (name == row.unit->name) return row.products;
+    names += std::string(&row == &kUnits[std::size(kUnits) - 1] ? " or " : ", ") + row.unit->name;
   }
-  throw Error(what + " = '" + name + "' is not a product unit: use auto, f32, bf16-dot or amx");
+  throw Error(what + " = '" + name + "' is not a product unit: use " + names);
 }
 
 Products tile_products(DType dtype, int64_t head_dim, int64_t value_dim, bool contiguous_rows,
@@ -81,10 +92,13 @@ Products tile_products(DType dtype, int64_t head_dim, int64_t value_dim, bool co
   requested = detail::requested_products(requested);
   if (dtype != DType::bf16) return Products::f32;
   Products unit = requested == Products::automatic ? automatic_bf16() : requested;
-  if (unit == Products::amx && !(contiguous_rows && detail::fused::amx_fits(head_dim, value_dim))) {
+  const auto fits = [&](Products p) {
+    return detail::fused::product_unit(p).fits(head_dim, value_dim, contiguous_rows);
+  };
+  if (unit == Products::amx && !fits(unit)) {
     unit = bf16_dot_pays() ? Products::bf16_dot : Products::f32;
   }
-  if (unit == Products::bf16_dot && !(contiguous_rows && head_dim % 2 == 0)) unit = Products::f32;
+  if (unit == Products::bf16_dot && !fits(unit)) unit = Products::f32;
   return unit;
 }
 
@@ -109,6 +123,13 @@ CpuReport cpu_report() {
 }
 
 namespace detail {
+
+const fused::ProductUnit& fused::product_unit(Products products) {
+  for (const UnitRow& row : kUnits) {
+    if (row.products == products) return *row.unit;
+  }
+  throw Error(std::string("no product unit for products = ") + products_name(products));
+}
 
 Products requested_products(Products requested) {
   if (requested == Products::automatic) {
