@@ -1,4 +1,5 @@
-// Which unit computes the products (attention.h: Products), per CPU and per call.
+// Which unit computes the products (attention.h: Products), per CPU and per call; and the table
+// that finds each unit's description (product_unit.h), one row per Products value.
 //
 // The rule: bf16 inputs take AMX where the CPU has it and Linux grants it; else vdpbf16ps when it
 // is measurably faster than f32 FMA on this core (AMD Zen 4/5: 2×; Intel: half rate, so a bf16

@@ -1,5 +1,7 @@
-// The forward tile kernel's two products, compiled once per Highway target (the "-inl.h"
-// convention). Both hold the tile transposed, queries across the SIMD lanes (fused_block.cc):
+// The forward tile kernel's two f32 products, compiled once per Highway target (the "-inl.h"
+// convention): the f32 unit's (f32_fma.cc), and the guarded product fused_block.cc takes for a V
+// tile with inf/NaN whatever the unit. Both hold the tile transposed, queries across the SIMD
+// lanes (fused_block.cc):
 //
 //     scores   Sᵀ[j][i]  = Σ_d K[j][d]·Qᵀ[d][i]              K broadcast from its own rows
 //     output   Oᵀ[e][i]  = α[i]·Oᵀ[e][i] + Σ_j V[j][e]·Pᵀ[j][i]   V broadcast from its own rows
