@@ -34,10 +34,17 @@
 // ARCH_REQ_XCOMP_PERM); amx_available() asks once, and a refusal means the other kernels run.
 // The configuration is loaded from a static: GCC 12 drops the stores to a local configuration
 // before `_tile_loadconfig` as dead (seen crashing), hence the asm memory operand.
+//
+// The unit (end of this file, kAmxUnit: product_unit.h) is what the drivers see: Vᵀ packed per
+// call, the query pairs and the tile configuration per block (released after it), these products
+// per tile, and the fused tile where no modifier sits between the products (raw scores,
+// amx_softmax_step, P·V deferred by one tile: fused_block.cc). Its backward entries run a finite
+// tile pair's five products on the tiles (the backward driver's guarded pairs stay f32).
 #include "kernels/amx.h"
 
 #include <cpuid.h>
 #include <immintrin.h>
+#include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -46,8 +53,11 @@
 #include <cstring>
 #include <vector>
 
+#include "core/reused.h"
 #include "kernels/bf16_dot.h"
+#include "kernels/fused_backward_block.h"
 #include "kernels/fused_block.h"
+#include "kernels/product_unit.h"
 
 namespace maskattn::detail::fused {
 
@@ -307,5 +317,239 @@ MASKATTN_AMX_TARGET void amx_round_rows(const float* in, int64_t rows, uint16_t*
     _mm512_storeu_si512(out + n, (__m512i)halves);
   }
 }
+
+}  // namespace maskattn::detail::fused
+
+// ---- the product unit (product_unit.h) ------------------------------------------------------
+
+namespace maskattn::detail::fused {
+
+namespace {
+
+struct AmxUnit;  // tag of this unit's reused() buffers
+
+bool fits(int64_t head_dim, int64_t value_dim, bool contiguous_rows) {
+  return contiguous_rows && amx_fits(head_dim, value_dim);
+}
+
+double call_bytes(const Problem& p) {
+  const double keys = static_cast<double>(p.k.size(0)) * p.k.size(1) * p.k_len;
+  return 2.0 * (keys + kTileK * p.batch * p.kv_heads) * p.value_dim;
+}
+
+// V's key tiles transposed once for all query blocks: [B, Hkv, k_tiles, Dv, kTileK] bf16.
+const void* prepare(Problem& p) {
+  std::vector<uint16_t>& packed = reused<uint16_t, AmxUnit>();
+  packed.resize(p.batch * p.kv_heads * (p.k_len + kTileK - 1) / kTileK * p.value_dim * kTileK);
+  amx_pack_row_tiles(p.v, packed.data(), p.threads > 0 ? p.threads : omp_get_max_threads());
+  return packed.data();
+}
+
+// The query pairs, then the tile configuration: configured per block and released after it
+// (cheap next to a block's work, and no thread holds 8 KiB of tile state between calls).
+void begin_block(const Context& c, const Block& blk, Scratch& scratch) {
+  bf16_pack_block_queries(c, blk, scratch);
+  amx_begin();
+}
+
+void scores_scaled(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
+                   float scale, Scratch& scratch) {
+  const Problem& p = *c.problem;
+  amx_scores(static_cast<const uint16_t*>(p.k.data()) + p.k.offset({blk.b, g, j0, 0}),
+             p.k.stride(2), rows, p.head_dim, scratch.q_pairs, scale, scratch.k_tail, scratch.s);
+}
+
+void scores(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
+            const ActiveRows*, Scratch& scratch) {
+  scores_scaled(c, blk, g, j0, rows, static_cast<float>(c.problem->scale), scratch);
+}
+
+void raw_scores(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
+                Scratch& scratch) {
+  scores_scaled(c, blk, g, j0, rows, 1.0f, scratch);
+}
+
+void raw_softmax_step(const Context& c, int64_t rows, Scratch& scratch) {
+  amx_softmax_step(scratch.s, rows, static_cast<float>(c.problem->scale), scratch.row_max,
+                   scratch.row_sum, scratch.alpha, scratch.poisoned, scratch.p_pairs);
+}
+
+// O += P·V for key tile k_tile, whose P (as bf16 pairs) and α are in the scratch.
+void accumulate_weights(const Context& c, const Block& blk, int64_t k_tile, Scratch& scratch) {
+  const Problem& p = *c.problem;
+  const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
+  const uint16_t* vt =
+      static_cast<const uint16_t*>(c.prepared) +
+      ((blk.b * p.kv_heads + p.kv_head(blk.h)) * k_tiles + k_tile) * p.value_dim * kTileK;
+  amx_accumulate(vt, p.value_dim, scratch.p_pairs, scratch.alpha, scratch.o);
+}
+
+void accumulate(const Context& c, const Block& blk, int64_t, int64_t j0, int64_t rows,
+                const ActiveRows*, Scratch& scratch) {
+  amx_pack_weights(scratch.s, rows, scratch.p_pairs);
+  accumulate_weights(c, blk, j0 / kTileK, scratch);
+}
+
+// ---- backward: the five products of a finite tile pair on the tiles (fused_backward_block.cc)
+// ---- P and dS are rounded to bf16 for the last three, as the forward rounds P. Qᵀ and dOᵀ are
+// packed per query tile once per call (the A operands of dVᵀ and dKᵀ); per key tile, K and V as
+// pairs (B of S and dP), K as pairs of rows (B of dQ), and dKᵀ, dVᵀ accumulate on the tiles' side,
+// transposed, until the tile's pairs are done.
+
+constexpr int64_t T = kBackwardTile;
+
+bool backward_fits(const Problem& p) {
+  return p.value_dim % 32 == 0;
+}
+
+double backward_call_bytes(const Problem& p) {
+  return 2.0 * p.batch * p.q_heads * p.q_len * (p.head_dim + p.value_dim);
+}
+
+// Qᵀ and dOᵀ per query tile: [B, Hq, q_tiles, D, 64] then [B, Hq, q_tiles, Dv, 64], bf16.
+const void* backward_prepare(const Problem& p, const TensorView& dout, int threads) {
+  const int64_t q_tiles = (p.q_len + T - 1) / T;
+  std::vector<uint16_t>& packed = reused<uint16_t, AmxUnit, 1>();
+  packed.resize(p.batch * p.q_heads * q_tiles * T * (p.head_dim + p.value_dim));
+  amx_pack_row_tiles(p.q, packed.data(), threads);
+  amx_pack_row_tiles(dout, packed.data() + p.batch * p.q_heads * q_tiles * T * p.head_dim, threads);
+  return packed.data();
+}
+
+const uint16_t* q_transposed(const BackwardContext& c) {
+  return static_cast<const uint16_t*>(c.prepared);
+}
+
+const uint16_t* dout_transposed(const BackwardContext& c) {
+  const Problem& p = *c.problem;
+  return q_transposed(c) + p.batch * p.q_heads * ((p.q_len + T - 1) / T) * T * p.head_dim;
+}
+
+// The key tile's B operands for S, dP and dQ, and zeroed transposed dK/dV accumulators; starts
+// the tile state for the tile's pairs (released by end_key_tile).
+void begin_key_tile(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, int64_t rows,
+                    BackwardScratch& sc) {
+  const Problem& p = *c.problem;
+  const auto* k = static_cast<const uint16_t*>(p.k.data()) + p.k.offset({b, g, j0, 0});
+  const auto* v = static_cast<const uint16_t*>(p.v.data()) + p.v.offset({b, g, j0, 0});
+  bf16_pack_queries(k, p.k.stride(2), rows, p.head_dim, sc.k_pairs);
+  bf16_pack_queries(v, p.v.stride(2), rows, p.value_dim, sc.v_pairs);
+  const int64_t filled = (rows + 1) / 2;
+  bf16_pack_values(k, p.k.stride(2), rows, p.head_dim, sc.k_vnni);
+  std::memset(sc.k_vnni + filled * p.head_dim, 0, (T / 2 - filled) * p.head_dim * 4);
+  std::memset(sc.dk_t, 0, p.head_dim * T * sizeof(float));
+  std::memset(sc.dv_t, 0, p.value_dim * T * sizeof(float));
+  amx_begin();
+}
+
+// rows[j][x] += t[x][j] for x < width, j < 64 (the transposed accumulators into the rows).
+MASKATTN_AMX_TARGET void add_transposed(const float* t, int64_t width, float* rows,
+                                        int64_t row_stride) {
+  for (int64_t x = 0; x < width; ++x) {
+    for (int64_t j = 0; j < T; ++j) rows[j * row_stride + x] += t[x * T + j];
+  }
+}
+
+void end_key_tile(const BackwardContext& c, BackwardScratch& sc) {
+  amx_end();
+  add_transposed(sc.dk_t, c.problem->head_dim, sc.dk, c.dq_width);
+  add_transposed(sc.dv_t, c.problem->value_dim, sc.dv, c.dv_width);
+}
+
+// `count` bf16 rows of a [B, H, L, W] view from row i0 of (b, h): in place when there are 64 of
+// them, else copied into zero-padded scratch (a tile load reads 16 whole rows).
+const uint16_t* tile_rows_bf16(const TensorView& t, int64_t b, int64_t h, int64_t i0, int64_t count,
+                               uint16_t* scratch, int64_t& stride) {
+  const auto* first = static_cast<const uint16_t*>(t.data()) + t.offset({b, h, i0, 0});
+  const int64_t width = t.size(3);
+  if (count == T) {
+    stride = t.stride(2);
+    return first;
+  }
+  std::memset(scratch, 0, T * width * sizeof(uint16_t));
+  for (int64_t i = 0; i < count; ++i) {
+    std::memcpy(scratch + i * width, first + i * t.stride(2), width * sizeof(uint16_t));
+  }
+  stride = width;
+  return scratch;
+}
+
+// S = Q·Kᵀ, unscaled (backward_weights folds the scale in).
+void backward_scores(const BackwardContext& c, const BackwardPair& pair, BackwardScratch& sc) {
+  const Problem& p = *c.problem;
+  int64_t q_stride = 0;
+  const uint16_t* q =
+      tile_rows_bf16(p.q, pair.b, pair.h, pair.q_first, pair.q_count, sc.a_rows, q_stride);
+  amx_product(q, q_stride, sc.k_pairs, T, sc.s, T, T, T, p.head_dim, false);
+}
+
+void backward_weights(const BackwardContext& c, const BackwardPair& pair, BackwardScratch& sc) {
+  const Problem& p = *c.problem;
+  const int64_t row0 = (pair.b * p.q_heads + pair.h) * p.q_len + pair.q_first;
+  amx_backward_weights(sc.s, c.lse + row0, pair.q_count, static_cast<float>(p.scale));
+}
+
+void backward_dp(const BackwardContext& c, const BackwardPair& pair, BackwardScratch& sc) {
+  const Problem& p = *c.problem;
+  int64_t dout_stride = 0;
+  const uint16_t* dout = tile_rows_bf16(c.dout_input, pair.b, pair.h, pair.q_first, pair.q_count,
+                                        sc.a_rows, dout_stride);
+  amx_product(dout, dout_stride, sc.v_pairs, T, sc.ds, T, T, T, p.value_dim, false);
+}
+
+void backward_accumulate(const BackwardContext& c, const BackwardItem& item,
+                         const BackwardPair& pair, BackwardScratch& sc) {
+  const Problem& p = *c.problem;
+  const int64_t dim = p.head_dim, value_dim = p.value_dim, q_tiles = (p.q_len + T - 1) / T;
+  const int64_t q_count = pair.q_count;
+  // P and dS as pairs of query rows (zero past q_count) and dS as bf16 rows.
+  amx_pack_weights(sc.s, q_count, sc.p_pairs);
+  amx_pack_weights(sc.ds, q_count, sc.ds_pairs);
+  amx_round_rows(sc.ds, T, sc.ds_rows);
+
+  // dVᵀ += dOᵀ·P   dKᵀ += Qᵀ·dS   dQ_tile = dS·K
+  const int64_t tile = (pair.b * p.q_heads + pair.h) * q_tiles + pair.q_tile;
+  amx_product(dout_transposed(c) + tile * value_dim * T, T, sc.p_pairs, T, sc.dv_t, T, value_dim, T,
+              T, true);
+  amx_product(q_transposed(c) + tile * dim * T, T, sc.ds_pairs, T, sc.dk_t, T, dim, T, T, true);
+  float* dq = c.dq_partial +
+              (((item.chunk * p.batch + pair.b) * p.q_heads + pair.h) * p.q_len + pair.q_first) *
+                  c.dq_width;
+  if (q_count == T) {  // straight into the partial's rows
+    amx_product(sc.ds_rows, T, sc.k_vnni, dim, dq, c.dq_width, T, dim, T, true);
+    return;
+  }
+  // A short tile: its rows past q_count are not this head's, so the tile goes through scratch.
+  amx_product(sc.ds_rows, T, sc.k_vnni, dim, sc.dq_tile, dim, T, dim, T, false);
+  for (int64_t i = 0; i < q_count; ++i) {
+    for (int64_t d = 0; d < dim; ++d) dq[i * c.dq_width + d] += sc.dq_tile[i * dim + d];
+  }
+}
+
+}  // namespace
+
+const ProductUnit kAmxUnit = {
+    .name = "amx",
+    .fits = fits,
+    .call_bytes = call_bytes,
+    .prepare = prepare,
+    .begin_block = begin_block,
+    .end_block = amx_end,
+    .scores = scores,
+    .accumulate = accumulate,
+    .active_rows = false,
+    .raw_scores = raw_scores,
+    .raw_softmax_step = raw_softmax_step,
+    .accumulate_weights = accumulate_weights,
+    .backward_fits = backward_fits,
+    .backward_call_bytes = backward_call_bytes,
+    .backward_prepare = backward_prepare,
+    .begin_key_tile = begin_key_tile,
+    .end_key_tile = end_key_tile,
+    .backward_scores = backward_scores,
+    .backward_weights = backward_weights,
+    .backward_dp = backward_dp,
+    .backward_accumulate = backward_accumulate,
+};
 
 }  // namespace maskattn::detail::fused

@@ -1,6 +1,8 @@
 // bf16 products on Intel's matrix engine (AMX: Sapphire Rapids and later). The tile kernel
 // (fused_block.cc) keeps its layout, queries across the columns, and only its two products move
-// to the tiles; the softmax between them stays f32 on AVX-512. Design essay in amx.cc.
+// to the tiles; the softmax between them stays f32 on AVX-512. Design essay in amx.cc, which ends
+// with the unit's table entry (kAmxUnit, product_unit.h): the forward's products and its fused,
+// pipelined tile (amx_softmax.cc), and the backward's five products.
 //
 // Layouts (one 64 × 64 tile of the fused kernel; bf16_dot.h has the pair layouts):
 //   q_pairs [D/2][kTileQ] uint32   (Q[i][2p], Q[i][2p+1]) — bf16_pack_queries, the B operand

@@ -1,12 +1,16 @@
 #include "kernels/bf16_dot.h"
 
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <vector>
 
+#include "core/reused.h"
 #include "kernels/fused_block.h"
+#include "kernels/product_unit.h"
 
 namespace maskattn::detail::fused {
 
@@ -235,5 +239,94 @@ MASKATTN_BF16_TARGET void bf16_accumulate(const uint32_t* v_pairs, int64_t rows,
     for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + e * kTileQ + 16 * c, acc[c]);
   }
 }
+
+}  // namespace maskattn::detail::fused
+
+// ---- the product unit (product_unit.h) ------------------------------------------------------
+
+namespace maskattn::detail::fused {
+
+void bf16_pack_block_queries(const Context& c, const Block& blk, Scratch& scratch) {
+  const Problem& p = *c.problem;
+  bf16_pack_queries(
+      static_cast<const uint16_t*>(p.q.data()) + p.q.offset({blk.b, blk.h, blk.q_first, 0}),
+      p.q.stride(2), blk.q_count, p.head_dim, scratch.q_pairs);
+}
+
+namespace {
+
+struct Bf16DotUnit;  // tag of this unit's reused() buffers
+
+bool fits(int64_t head_dim, int64_t, bool contiguous_rows) {
+  return contiguous_rows && head_dim % 2 == 0;
+}
+
+double call_bytes(const Problem& p) {
+  const double keys = static_cast<double>(p.k.size(0)) * p.k.size(1) * p.k_len;
+  return 4.0 * (keys / 2 + p.batch * p.kv_heads) * p.value_dim;
+}
+
+// V's rows paired up once for all query blocks: [B, Hkv, ⌈Lk/2⌉, Dv] v_pairs.
+const void* prepare(Problem& p) {
+  std::vector<uint32_t>& pairs = reused<uint32_t, Bf16DotUnit>();
+  const int64_t pair_rows = (p.k_len + 1) / 2;
+  pairs.resize(p.batch * p.kv_heads * pair_rows * p.value_dim);
+  const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t g = 0; g < p.kv_heads; ++g) {
+      bf16_pack_values(static_cast<const uint16_t*>(p.v.data()) + p.v.offset({b, g, 0, 0}),
+                       p.v.stride(2), p.k_len, p.value_dim,
+                       pairs.data() + (b * p.kv_heads + g) * pair_rows * p.value_dim);
+    }
+  }
+  return pairs.data();
+}
+
+void scores(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
+            const ActiveRows*, Scratch& scratch) {
+  const Problem& p = *c.problem;
+  const uint16_t* k = static_cast<const uint16_t*>(p.k.data()) + p.k.offset({blk.b, g, j0, 0});
+  bf16_scores(k, p.k.stride(2), rows, p.head_dim, scratch.q_pairs, static_cast<float>(p.scale),
+              scratch.s);
+}
+
+// P rounded to bf16 pairs, then O = α·O + P·V from the pairs packed per call (tiles start at even
+// keys).
+void accumulate(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
+                const ActiveRows*, Scratch& scratch) {
+  const Problem& p = *c.problem;
+  bf16_pack_weights(scratch.s, rows, scratch.p_pairs);
+  const uint32_t* v_pairs = static_cast<const uint32_t*>(c.prepared) +
+                            ((blk.b * p.kv_heads + g) * ((p.k_len + 1) / 2) + j0 / 2) * p.value_dim;
+  bf16_accumulate(v_pairs, rows, p.value_dim, scratch.p_pairs, scratch.alpha, scratch.o);
+}
+
+}  // namespace
+
+const ProductUnit kBf16DotUnit = {
+    .name = "bf16-dot",
+    .fits = fits,
+    .call_bytes = call_bytes,
+    .prepare = prepare,
+    .begin_block = bf16_pack_block_queries,
+    .end_block = nullptr,
+    .scores = scores,
+    .accumulate = accumulate,
+    .active_rows = false,
+    .raw_scores = nullptr,
+    .raw_softmax_step = nullptr,
+    .accumulate_weights = nullptr,
+    // No backward products: a backward call takes the f32 unit's.
+    .backward_fits = nullptr,
+    .backward_call_bytes = nullptr,
+    .backward_prepare = nullptr,
+    .begin_key_tile = nullptr,
+    .end_key_tile = nullptr,
+    .backward_scores = nullptr,
+    .backward_weights = nullptr,
+    .backward_dp = nullptr,
+    .backward_accumulate = nullptr,
+};
 
 }  // namespace maskattn::detail::fused

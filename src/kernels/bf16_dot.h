@@ -1,7 +1,9 @@
 // bf16 products on CPUs with AVX512-BF16 (vdpbf16ps: 32 bf16 products summed in pairs into 16 f32
 // lanes per instruction, twice the f32 FMA rate). Highway 1.0.3 has no such operation, so these
 // few functions use the intrinsics directly, compiled for that instruction set and called only
-// after bf16_dot_available() said yes at run time.
+// after bf16_dot_available() said yes at run time. bf16_dot.cc ends with the unit's table entry
+// (kBf16DotUnit, product_unit.h): V paired once per call, Q per block, these products per tile; it
+// has no backward products (a backward call takes the f32 unit's).
 //
 // Layouts (one tile of the fused kernel, queries across lanes as everywhere there):
 //   q_pairs [D/2][kTileQ] uint32: (Q[i][2p], Q[i][2p+1]) per query i  — packed once per q-block
@@ -13,6 +15,10 @@
 #include <cstdint>
 
 namespace maskattn::detail::fused {
+
+struct Context;
+struct Block;
+struct Scratch;
 
 bool bf16_dot_available();
 
@@ -39,5 +45,8 @@ void bf16_pack_values(const uint16_t* v, int64_t v_stride, int64_t rows, int64_t
 // o[e][i] = alpha[i]·o[e][i] + Σ_j V[j][e]·P[j][i], over ⌈rows/2⌉ pairs.
 void bf16_accumulate(const uint32_t* v_pairs, int64_t rows, int64_t value_dim,
                      const uint32_t* p_pairs, const float* alpha, float* o);
+
+// The block's queries as scratch.q_pairs (bf16_pack_queries): the bf16 units' begin_block.
+void bf16_pack_block_queries(const Context& c, const Block& blk, Scratch& scratch);
 
 }  // namespace maskattn::detail::fused

@@ -1,5 +1,7 @@
-// The fused kernel's driver: plans work items, runs them on OpenMP threads with per-thread scratch,
-// merges split-key partials and writes the outputs in the caller's dtype and layout.
+// The fused kernel's driver: chooses the kernel and, for the tile kernel, the product unit
+// (product_unit.h), whose per-call packing it runs and counts as working memory; plans work items,
+// runs them on OpenMP threads with per-thread scratch, merges split-key partials and writes the
+// outputs in the caller's dtype and layout.
 //
 // Work items. With many queries an item is one (b, h, 64-query block) against all keys (tile
 // kernel), or a run of consecutive such blocks of one head when their key band is short. With few
@@ -25,10 +27,9 @@
 #include "core/element.h"
 #include "core/parallel.h"
 #include "core/reused.h"
-#include "kernels/amx.h"
-#include "kernels/bf16_dot.h"
 #include "kernels/fused_block.h"
 #include "kernels/merge.h"
+#include "kernels/product_unit.h"
 #include "maskattn/cpu.h"
 #include "maskattn/memory.h"
 
@@ -52,15 +53,12 @@ struct Item {
   int64_t partial = -1;  // row mode with split keys: index of the partial-result slot
 };
 
-// How one call runs: which kernel, and what is prepared for it once per call.
+// How one call runs: which kernel, and for the tile kernel which product unit.
 struct Mode {
   bool rows = false;  // row kernel (few queries), else the tile kernel
-  // The tile kernel's product unit (cpu.h): f32 FMA, vdpbf16ps or AMX on bf16 inputs.
-  Products products = Products::f32;
-  // The tile kernel reads every key and value tile once per query block: f16/bf16 or strided K/V
-  // are converted to contiguous f32 once per call for the f32 products (into a buffer this
-  // thread keeps).
-  bool convert = false;
+  // The tile kernel's product unit (cpu.h): f32 FMA, vdpbf16ps or AMX on bf16 inputs; what it
+  // prepares once per call (product_unit.h) is part of the call's working memory.
+  const ProductUnit* unit = nullptr;
 };
 
 Mode choose_mode(const Problem& p) {
@@ -68,67 +66,24 @@ Mode choose_mode(const Problem& p) {
   mode.rows = p.q_len <= kRowModeQueries;
   const bool contiguous = p.q.stride(3) == 1 && p.k.stride(3) == 1 && p.v.stride(3) == 1;
   if (!mode.rows) {
-    mode.products = tile_products(p.q.dtype(), p.head_dim, p.value_dim, contiguous, p.products);
+    mode.unit =
+        &product_unit(tile_products(p.q.dtype(), p.head_dim, p.value_dim, contiguous, p.products));
   }
-  mode.convert = !mode.rows && mode.products == Products::f32 &&
-                 (p.k.dtype() != DType::f32 || p.k.stride(3) != 1 || p.v.stride(3) != 1);
   return mode;
 }
 
-// Working memory: K and V as f32 (or V paired for bf16), split-key partials, and O(tile) scratch
+// Working memory: the product unit's per-call packing, split-key partials, and O(tile) scratch
 // per thread (kept across calls). Throws the catalogue's memory error when it cannot be had.
 void require_working_memory(const Problem& p, const Mode& mode) {
-  const double keys = static_cast<double>(p.k.size(0)) * p.k.size(1) * p.k_len;
   double bytes = 4.0 * (kTileQ + kTileK) * (2.0 * p.head_dim + 2.0 * p.value_dim + kTileQ) *
                  (p.threads > 0 ? p.threads : omp_get_max_threads());
-  if (mode.convert) bytes += 4.0 * keys * (p.head_dim + p.value_dim);
-  if (mode.products == Products::bf16_dot) {
-    bytes += 4.0 * (keys / 2 + p.batch * p.kv_heads) * p.value_dim;
-  }
-  if (mode.products == Products::amx)
-    bytes += 2.0 * (keys + kTileK * p.batch * p.kv_heads) * p.value_dim;
+  if (mode.unit != nullptr) bytes += mode.unit->call_bytes(p);
   if (mode.rows && p.k_len > 2 * kChunkKeys) {
     bytes += 4.0 * p.batch * p.kv_heads * (p.k_len / kChunkKeys + 1) * kMaxRows *
              (p.value_dim + 1) * ((p.q_heads / std::max<int64_t>(p.kv_heads, 1)) * p.q_len);
   }
   require_memory(
       bytes, "attention (fused kernel) for q " + p.q.shape_string() + ", k " + p.k.shape_string());
-}
-
-// K and V replaced by contiguous f32 copies (in a buffer this thread keeps).
-void convert_keys_and_values(Problem& p) {
-  std::vector<float>& kv = reused<float, Forward>();
-  const int64_t keys = p.k.size(0) * p.k.size(1) * p.k_len;
-  kv.resize(keys * (p.head_dim + p.value_dim));
-  convert_to_f32(p.k, kv.data(), p.threads);
-  convert_to_f32(p.v, kv.data() + keys * p.head_dim, p.threads);
-  p.k = TensorView(kv.data(), {p.batch, p.kv_heads, p.k_len, p.head_dim});
-  p.v = TensorView(kv.data() + keys * p.head_dim, {p.batch, p.kv_heads, p.k_len, p.value_dim});
-}
-
-// V's rows paired up once for all query blocks (bf16_dot.h layouts).
-const uint32_t* pair_values(const Problem& p) {
-  std::vector<uint32_t>& pairs = reused<uint32_t, Forward>();
-  const int64_t pair_rows = (p.k_len + 1) / 2;
-  pairs.resize(p.batch * p.kv_heads * pair_rows * p.value_dim);
-  const int threads = p.threads > 0 ? p.threads : omp_get_max_threads();
-#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
-  for (int64_t b = 0; b < p.batch; ++b) {
-    for (int64_t g = 0; g < p.kv_heads; ++g) {
-      bf16_pack_values(static_cast<const uint16_t*>(p.v.data()) + p.v.offset({b, g, 0, 0}),
-                       p.v.stride(2), p.k_len, p.value_dim,
-                       pairs.data() + (b * p.kv_heads + g) * pair_rows * p.value_dim);
-    }
-  }
-  return pairs.data();
-}
-
-// V's key tiles transposed once for all query blocks (amx.h layout): [B, Hkv, k_tiles, Dv, kTileK].
-const uint16_t* transpose_values(const Problem& p) {
-  std::vector<uint16_t>& packed = reused<uint16_t, Forward>();
-  packed.resize(p.batch * p.kv_heads * (p.k_len + kTileK - 1) / kTileK * p.value_dim * kTileK);
-  amx_pack_row_tiles(p.v, packed.data(), p.threads > 0 ? p.threads : omp_get_max_threads());
-  return packed.data();
 }
 
 bool has_score_mods(const Problem& p) {
@@ -306,7 +261,8 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   const Mode mode = choose_mode(problem);
   require_working_memory(problem, mode);
   Problem p = problem;
-  if (mode.convert) convert_keys_and_values(p);
+  // The unit's per-call packing (f32: K and V converted once, when they are not f32 rows).
+  const void* prepared = mode.unit != nullptr ? mode.unit->prepare(p) : nullptr;
 
   // ---- what every item reads ----
   const BlockMap blocks(*p.mask, kTileQ, kTileK, block_skipping);
@@ -315,9 +271,8 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   context.problem = &p;
   context.blocks = &blocks;
   context.tile_masks = &tile_masks;
-  context.products = mode.products;
-  if (mode.products == Products::bf16_dot) context.v_pairs = pair_values(p);
-  if (mode.products == Products::amx) context.v_transposed = transpose_values(p);
+  context.unit = mode.unit;
+  context.prepared = prepared;
   context.score_mods = has_score_mods(p);
   context.skip_hidden_rows = block_skipping;
   std::unique_ptr<std::atomic<uint8_t>[]> v_finite;

@@ -1,5 +1,7 @@
 // The fused backward's driver: converts what needs converting, precomputes D_i = Σ dO_i∘O_i per
-// row, plans work items that own key tiles, runs them, and sums the per-chunk dQ partials.
+// row, picks the product unit (product_unit.h: the forward's, or f32 when that one has no backward
+// products) and lets it pack what it reads once per call, plans work items that own key tiles,
+// runs them, and sums the per-chunk dQ partials.
 //
 // Work items. An item is (b, kv head, chunk): the key tiles t with t % chunks == chunk, dealt
 // round-robin so that a causal mask's cheap late tiles and expensive early ones mix. The item
@@ -20,9 +22,9 @@
 #include "core/element.h"
 #include "core/parallel.h"
 #include "core/reused.h"
-#include "kernels/amx.h"
 #include "kernels/fused_backward_block.h"
 #include "kernels/fused_block.h"
+#include "kernels/product_unit.h"
 #include "maskattn/cpu.h"
 #include "maskattn/memory.h"
 
@@ -74,9 +76,10 @@ void store_all(const MutableTensorView& t, const float* values) {
 }
 
 // Working memory: f32 copies of what is not f32 with contiguous rows, per-row D and LSE, the
-// per-chunk dQ partials (at most kTargetItems of them), dbias, and O(tile) scratch per thread.
+// per-chunk dQ partials (at most kTargetItems of them), dbias, O(tile) scratch per thread, and
+// the product unit's per-call packing.
 void require_backward_memory(const Problem& p, const TensorView& out, const TensorView& dout,
-                             const Gradients& grads) {
+                             const Gradients& grads, const ProductUnit& unit) {
   const int64_t rows = p.batch * p.q_heads * p.q_len, k_tiles = (p.k_len + T - 1) / T;
   const auto copy = [](const TensorView& t, int64_t width) {
     return rows_in_place(t, width) ? 0.0
@@ -89,7 +92,7 @@ void require_backward_memory(const Problem& p, const TensorView& out, const Tens
       8.0 * rows + 4.0 * dq_rows * padded(p.head_dim) +
       4.0 * static_cast<double>(grads.dbias.is_null() ? 0 : grads.dbias.numel()) +
       4.0 * T * (3.0 * p.head_dim + 3.0 * p.value_dim + 3 * T + 16) * thread_count(p) +
-      2.0 * rows * (p.head_dim + p.value_dim);  // Qᵀ and dOᵀ tiles on AMX (bf16)
+      (unit.backward_call_bytes != nullptr ? unit.backward_call_bytes(p) : 0.0);
   require_memory(bytes, "attention_backward (fused kernel) for q " + p.q.shape_string() + ", k " +
                             p.k.shape_string());
 }
@@ -216,12 +219,25 @@ void store_dq(const Problem& p, const BackwardContext& c, const MutableTensorVie
   }
 }
 
+// The forward's unit for these inputs (dO's rows must be contiguous too) where it has backward
+// products and takes the call, else the f32 unit (product_unit.h).
+const ProductUnit& backward_unit(const Problem& p, const TensorView& dout) {
+  const bool contiguous =
+      p.q.stride(3) == 1 && p.k.stride(3) == 1 && p.v.stride(3) == 1 && dout.stride(3) == 1;
+  const ProductUnit& unit =
+      product_unit(tile_products(p.q.dtype(), p.head_dim, p.value_dim, contiguous, p.products));
+  if (unit.backward_scores == nullptr) return kF32Unit;
+  if (unit.backward_fits != nullptr && !unit.backward_fits(p)) return kF32Unit;
+  return unit;
+}
+
 }  // namespace
 
 void backward(const Problem& problem, const TensorView& out, const TensorView& lse,
               const TensorView& dout, const Gradients& grads, bool block_skipping) {
   const Problem& p = problem;
-  require_backward_memory(p, out, dout, grads);
+  const ProductUnit& unit = backward_unit(p, dout);
+  require_backward_memory(p, out, dout, grads, unit);
   const int threads = thread_count(p);
   const ResolvedMods& mods = *p.mods;
 
@@ -250,23 +266,10 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
   }
   const std::vector<BackwardItem> items = plan_items(p, blocks, with_dbias, c);
 
-  // ---- the product unit: AMX for bf16 where it fits (Qᵀ and dOᵀ packed per query tile) ----
-  const bool contiguous =
-      p.q.stride(3) == 1 && p.k.stride(3) == 1 && p.v.stride(3) == 1 && dout.stride(3) == 1;
-  c.amx = tile_products(p.q.dtype(), p.head_dim, p.value_dim, contiguous, p.products) ==
-              Products::amx &&
-          p.value_dim % 32 == 0;
-  if (c.amx) {
-    const int64_t q_tiles = (p.q_len + T - 1) / T;
-    std::vector<uint16_t>& packed = reused<uint16_t, Backward>();
-    packed.resize(p.batch * p.q_heads * q_tiles * T * (p.head_dim + p.value_dim));
-    amx_pack_row_tiles(p.q, packed.data(), threads);
-    uint16_t* dout_t = packed.data() + p.batch * p.q_heads * q_tiles * T * p.head_dim;
-    amx_pack_row_tiles(dout, dout_t, threads);
-    c.q_transposed = packed.data();
-    c.dout_transposed = dout_t;
-    c.dout_bf16 = dout;
-  }
+  // ---- the product unit's per-call packing ----
+  c.unit = &unit;
+  c.dout_input = dout;
+  if (unit.backward_prepare != nullptr) c.prepared = unit.backward_prepare(p, dout, threads);
 
   // ---- run; then dQ from its partials ----
   c.dq_width = padded(p.head_dim);

@@ -15,8 +15,14 @@
 // Layout: a tile pair is held as S[i][j], keys across SIMD lanes (64 keys = 4 vectors on AVX-512).
 // All five products are then one shape, C[r][x] (+)= Σ_p A(r, p)·B[p][x], with A read as
 // broadcast scalars (Q, dO rows; P, dS by rows or by columns) and B whole rows (scale·Kᵀ and Vᵀ
-// packed per key tile; K, Q, dO rows read in place, padded to a multiple of 16 floats), register
-// blocked 4 rows × 4 vectors like the forward's products. dK and dV come out one row per key.
+// packed per key tile here; K, Q, dO rows read in place, padded to a multiple of 16 floats).
+// dK and dV come out one row per key.
+//
+// Products: the call's product unit computes them (product_unit.h, one table entry per tile pair
+// step): the f32 unit (f32_fma.cc) register blocked 4 rows × 4 vectors like the forward's, the
+// AMX unit (amx.cc) on tiles with P and dS rounded to bf16, its scale folded into the exp. This
+// file owns the walk, the modifiers, the mask, the weights and dS; a pair with non-finite inputs
+// takes the f32 unit's products whatever the call's unit.
 //
 // Hidden pairs: P = 0 there (the mask writes −inf before the exp) and dS is selected to 0, so no
 // gradient flows through them. When a tile holds non-finite inputs (padding garbage), the
@@ -34,12 +40,10 @@
 #include <cstring>
 
 #include "core/element.h"
-#include "kernels/amx.h"
-#include "kernels/bf16_dot.h"
 #include "kernels/convert-inl.h"
 #include "kernels/fused_backward_block.h"
 #include "kernels/fused_block.h"
-#include "kernels/product-inl.h"
+#include "kernels/product_unit.h"
 #include "kernels/score_chain-inl.h"
 #include "kernels/scratch_arena.h"
 #include "kernels/simd-inl.h"
@@ -54,18 +58,6 @@ using VF = hn::Vec<DF>;
 
 constexpr int64_t T = kBackwardTile;
 static_assert(T == kChainTileLanes, "the modifier chain walks 64-lane tile rows");
-
-void ProductGuarded(bool guarded, Guard kind, const float* a, int64_t a_row, int64_t a_col,
-                    int64_t inner, const float* b, int64_t b_stride, int64_t width, bool accumulate,
-                    float* c, int64_t c_stride, int64_t rows) {
-  if (!guarded) {
-    Product<Guard::none>(a, a_row, a_col, inner, b, b_stride, width, accumulate, c, c_stride, rows);
-  } else if (kind == Guard::a) {
-    Product<Guard::a>(a, a_row, a_col, inner, b, b_stride, width, accumulate, c, c_stride, rows);
-  } else {
-    Product<Guard::b>(a, a_row, a_col, inner, b, b_stride, width, accumulate, c, c_stride, rows);
-  }
-}
 
 // Packs key tile [j0, j0 + rows) of (b, g): scale·Kᵀ and Vᵀ, zero beyond `rows`, and points
 // sc.k_source at K's rows for dQ (in place when K is f32 with contiguous rows and D a multiple
@@ -233,81 +225,6 @@ void ScoresToWeights(const BackwardContext& c, int64_t b, int64_t h, int64_t q_f
   Weights(c.lse + (b * p.q_heads + h) * p.q_len + q_first, q_count, !guarded, sc.s);
 }
 
-// One (query tile, key tile) pair of head h; the key tile is packed in the scratch. `guarded`:
-// the pair holds non-finite inputs, so the products skip zero weights.
-void TilePair(const BackwardContext& c, const BackwardItem& item, int64_t b, int64_t h,
-              int64_t q_tile, int64_t k_tile, TileKind kind, int64_t rows, bool guarded,
-              BackwardScratch& sc) {
-  const Problem& p = *c.problem;
-  const int64_t q_first = q_tile * T, q_count = std::min(T, p.q_len - q_first), j0 = k_tile * T;
-  const float* q = c.q.row(b, h, q_first);
-  const float* dout = c.dout.row(b, h, q_first);
-  const int64_t row0 = (b * p.q_heads + h) * p.q_len + q_first;
-
-  // S = Q·(scale·K)ᵀ, then the modifiers and the mask, then P = exp(S − LSE).
-  Product<Guard::none>(q, c.q.stride_l, 1, p.head_dim, sc.k_t, T, T, false, sc.s, T, q_count);
-  ScoresToWeights(c, b, h, q_first, q_count, j0, rows, kind, guarded, sc);
-
-  // dP = dO·Vᵀ, then dS = P∘(dP − D).
-  Product<Guard::none>(dout, c.dout.stride_l, 1, p.value_dim, sc.v_t, T, T, false, sc.ds, T,
-                       q_count);
-  ScoreGradients(c, b, h, q_first, q_count, j0, rows, sc.s, c.delta + row0, sc.cap_grad, sc.ds);
-
-  // dV_j += Σ_i P_ij·dO_i   dK_j += Σ_i dS_ij·Q_i   dQ_chunk,i += Σ_j dS_ij·K_j
-  ProductGuarded(guarded, Guard::a, sc.s, 1, T, q_count, dout, c.dout.stride_l, c.dv_width, true,
-                 sc.dv, c.dv_width, rows);
-  ProductGuarded(guarded, Guard::a, sc.ds, 1, T, q_count, q, c.q.stride_l, c.dq_width, true, sc.dk,
-                 c.dq_width, rows);
-  float* dq = c.dq_partial +
-              (((item.chunk * p.batch + b) * p.q_heads + h) * p.q_len + q_first) * c.dq_width;
-  ProductGuarded(guarded, Guard::a, sc.ds, T, 1, rows, sc.k_source, sc.k_source_stride, c.dq_width,
-                 true, dq, c.dq_width, q_count);
-}
-
-// ---- AMX products (bf16 inputs; amx.h) ----------------------------------------------------
-
-// The key tile's B operands for S, dP and dQ, and zeroed transposed dK/dV accumulators; starts
-// the tile state for the tile's pairs (amx_end after them).
-void PackKeyTileAmx(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, int64_t rows,
-                    BackwardScratch& sc) {
-  const Problem& p = *c.problem;
-  const auto* k = static_cast<const uint16_t*>(p.k.data()) + p.k.offset({b, g, j0, 0});
-  const auto* v = static_cast<const uint16_t*>(p.v.data()) + p.v.offset({b, g, j0, 0});
-  bf16_pack_queries(k, p.k.stride(2), rows, p.head_dim, sc.k_pairs);
-  bf16_pack_queries(v, p.v.stride(2), rows, p.value_dim, sc.v_pairs);
-  const int64_t filled = (rows + 1) / 2;
-  bf16_pack_values(k, p.k.stride(2), rows, p.head_dim, sc.k_vnni);
-  std::memset(sc.k_vnni + filled * p.head_dim, 0, (T / 2 - filled) * p.head_dim * 4);
-  std::memset(sc.dk_t, 0, p.head_dim * T * sizeof(float));
-  std::memset(sc.dv_t, 0, p.value_dim * T * sizeof(float));
-  amx_begin();
-}
-
-// rows[j][x] += t[x][j] for x < width, j < 64 (the transposed AMX accumulators into the rows).
-void AddTransposed(const float* t, int64_t width, float* rows, int64_t row_stride) {
-  for (int64_t x = 0; x < width; ++x) {
-    for (int64_t j = 0; j < T; ++j) rows[j * row_stride + x] += t[x * T + j];
-  }
-}
-
-// `count` bf16 rows of a [B, H, L, W] view from row i0 of (b, h): in place when there are 64 of
-// them, else copied into zero-padded scratch (a tile load reads 16 whole rows).
-const uint16_t* TileRowsBf16(const TensorView& t, int64_t b, int64_t h, int64_t i0, int64_t count,
-                             uint16_t* scratch, int64_t& stride) {
-  const auto* first = static_cast<const uint16_t*>(t.data()) + t.offset({b, h, i0, 0});
-  const int64_t width = t.size(3);
-  if (count == T) {
-    stride = t.stride(2);
-    return first;
-  }
-  std::memset(scratch, 0, T * width * sizeof(uint16_t));
-  for (int64_t i = 0; i < count; ++i) {
-    std::memcpy(scratch + i * width, first + i * t.stride(2), width * sizeof(uint16_t));
-  }
-  stride = width;
-  return scratch;
-}
-
 void ScaleRows(float scale, int64_t rows, float* HWY_RESTRICT s) {
   const DF df;
   const VF factor = hn::Set(df, scale);
@@ -316,51 +233,35 @@ void ScaleRows(float scale, int64_t rows, float* HWY_RESTRICT s) {
   }
 }
 
-// TilePair with the five products on AMX tiles: P and dS are rounded to bf16 for the last three.
-void TilePairAmx(const BackwardContext& c, const BackwardItem& item, int64_t b, int64_t h,
-                 int64_t q_tile, int64_t k_tile, TileKind kind, int64_t rows, BackwardScratch& sc) {
+// One (query tile, key tile) pair; the key tile is packed in the scratch (the f32 unit's operands,
+// and the unit's own). Its products are the call's unit's, or the f32 unit's for a guarded pair.
+void TilePair(const BackwardContext& c, const BackwardItem& item, const BackwardPair& pair,
+              TileKind kind, BackwardScratch& sc) {
   const Problem& p = *c.problem;
-  const int64_t q_first = q_tile * T, q_count = std::min(T, p.q_len - q_first), j0 = k_tile * T;
-  const int64_t dim = p.head_dim, value_dim = p.value_dim, q_tiles = (p.q_len + T - 1) / T;
+  const ProductUnit& unit = pair.guarded ? kF32Unit : *c.unit;
+  const int64_t b = pair.b, h = pair.h, q_first = pair.q_first, q_count = pair.q_count;
+  const int64_t j0 = pair.j0, rows = pair.rows;
   const int64_t row0 = (b * p.q_heads + h) * p.q_len + q_first;
-  int64_t q_stride = 0;
-  const uint16_t* q = TileRowsBf16(p.q, b, h, q_first, q_count, sc.a_rows, q_stride);
-  amx_product(q, q_stride, sc.k_pairs, T, sc.s, T, T, T, dim, false);
-  if (c.score_mods) {  // the modifiers see scaled scores
-    ScaleRows(static_cast<float>(p.scale), q_count, sc.s);
-    ScoresToWeights(c, b, h, q_first, q_count, j0, rows, kind, false, sc);
-  } else {  // the scale folds into the exp (amx_softmax.cc), after the mask's −inf
+
+  // S = Q·(scale·K)ᵀ, then the modifiers and the mask, then P = exp(S − LSE).
+  unit.backward_scores(c, pair, sc);
+  if (unit.backward_weights != nullptr && !c.score_mods) {
+    // The scale folds into the exp (the unit's), after the mask's −inf.
     const uint64_t* row_bits = TileRowBits(c, b, h, q_first, q_count, j0, rows, kind, sc);
     if (row_bits != nullptr || rows < T) ApplyMask(row_bits, q_count, rows, sc.s);
-    amx_backward_weights(sc.s, c.lse + row0, q_count, static_cast<float>(p.scale));
+    unit.backward_weights(c, pair, sc);
+  } else {
+    // The modifiers see scaled scores.
+    if (unit.backward_weights != nullptr) ScaleRows(static_cast<float>(p.scale), q_count, sc.s);
+    ScoresToWeights(c, b, h, q_first, q_count, j0, rows, kind, pair.guarded, sc);
   }
 
-  int64_t dout_stride = 0;
-  const uint16_t* dout = TileRowsBf16(c.dout_bf16, b, h, q_first, q_count, sc.a_rows, dout_stride);
-  amx_product(dout, dout_stride, sc.v_pairs, T, sc.ds, T, T, T, value_dim, false);
+  // dP = dO·Vᵀ, then dS = P∘(dP − D).
+  unit.backward_dp(c, pair, sc);
   ScoreGradients(c, b, h, q_first, q_count, j0, rows, sc.s, c.delta + row0, sc.cap_grad, sc.ds);
 
-  // P and dS as pairs of query rows (zero past q_count) and dS as bf16 rows.
-  amx_pack_weights(sc.s, q_count, sc.p_pairs);
-  amx_pack_weights(sc.ds, q_count, sc.ds_pairs);
-  amx_round_rows(sc.ds, T, sc.ds_rows);
-
-  // dVᵀ += dOᵀ·P   dKᵀ += Qᵀ·dS   dQ_tile = dS·K
-  const int64_t tile = (b * p.q_heads + h) * q_tiles + q_tile;
-  amx_product(c.dout_transposed + tile * value_dim * T, T, sc.p_pairs, T, sc.dv_t, T, value_dim, T,
-              T, true);
-  amx_product(c.q_transposed + tile * dim * T, T, sc.ds_pairs, T, sc.dk_t, T, dim, T, T, true);
-  float* dq = c.dq_partial +
-              (((item.chunk * p.batch + b) * p.q_heads + h) * p.q_len + q_first) * c.dq_width;
-  if (q_count == T) {  // straight into the partial's rows
-    amx_product(sc.ds_rows, T, sc.k_vnni, dim, dq, c.dq_width, T, dim, T, true);
-    return;
-  }
-  // A short tile: its rows past q_count are not this head's, so the tile goes through scratch.
-  amx_product(sc.ds_rows, T, sc.k_vnni, dim, sc.dq_tile, dim, T, dim, T, false);
-  for (int64_t i = 0; i < q_count; ++i) {
-    for (int64_t d = 0; d < dim; ++d) dq[i * c.dq_width + d] += sc.dq_tile[i * dim + d];
-  }
+  // dV_j += Σ_i P_ij·dO_i   dK_j += Σ_i dS_ij·Q_i   dQ_chunk,i += Σ_j dS_ij·K_j
+  unit.backward_accumulate(c, item, pair, sc);
 }
 
 RowDelta RowDeltaImpl(const float* dout, const float* o, int64_t value_dim, const float* q,
@@ -385,6 +286,7 @@ void BackwardItemImpl(const BackwardContext& c, const BackwardItem& item, Backwa
   const Problem& p = *c.problem;
   const int64_t group = p.q_heads / p.kv_heads;
   const int64_t q_tiles = (p.q_len + T - 1) / T, k_tiles = (p.k_len + T - 1) / T;
+  const ProductUnit& unit = *c.unit;
   for (int64_t b = item.b_first; b < item.b_end; ++b) {
     for (int64_t g = item.g_first; g < item.g_end; ++g) {
       for (int64_t k_tile = item.chunk; k_tile < k_tiles; k_tile += c.chunks) {
@@ -392,25 +294,25 @@ void BackwardItemImpl(const BackwardContext& c, const BackwardItem& item, Backwa
         const bool kv_finite = PackKeyTile(c, b, g, j0, rows, sc);
         std::memset(sc.dk, 0, T * c.dq_width * sizeof(float));
         std::memset(sc.dv, 0, T * c.dv_width * sizeof(float));
-        if (c.amx) PackKeyTileAmx(c, b, g, j0, rows, sc);
+        if (unit.begin_key_tile != nullptr) unit.begin_key_tile(c, b, g, j0, rows, sc);
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {
           for (int64_t q_tile = 0; q_tile < q_tiles; ++q_tile) {
             const TileKind kind = c.blocks->kind(b, h, q_tile, k_tile);
             if (kind == TileKind::empty) continue;
-            const bool guarded =
-                !kv_finite || !c.q_tile_finite[(b * p.q_heads + h) * q_tiles + q_tile];
-            if (c.amx && !guarded) {
-              TilePairAmx(c, item, b, h, q_tile, k_tile, kind, rows, sc);
-            } else {
-              TilePair(c, item, b, h, q_tile, k_tile, kind, rows, guarded, sc);
-            }
+            BackwardPair pair;
+            pair.b = b;
+            pair.h = h;
+            pair.q_tile = q_tile;
+            pair.q_first = q_tile * T;
+            pair.q_count = std::min(T, p.q_len - pair.q_first);
+            pair.k_tile = k_tile;
+            pair.j0 = j0;
+            pair.rows = rows;
+            pair.guarded = !kv_finite || !c.q_tile_finite[(b * p.q_heads + h) * q_tiles + q_tile];
+            TilePair(c, item, pair, kind, sc);
           }
         }
-        if (c.amx) {
-          amx_end();
-          AddTransposed(sc.dk_t, p.head_dim, sc.dk, c.dq_width);
-          AddTransposed(sc.dv_t, p.value_dim, sc.dv, c.dv_width);
-        }
+        if (unit.end_key_tile != nullptr) unit.end_key_tile(c, sc);
         StoreKeyTile(c, b, g, j0, rows, sc);
       }
     }

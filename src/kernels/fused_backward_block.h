@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/problem.h"
+#include "kernels/product_unit.h"
 #include "mask/block_map.h"
 #include "mask/tile_mask.h"
 
@@ -44,13 +45,11 @@ struct BackwardContext {
   float* dq_partial = nullptr;
   float* dbias = nullptr;  // the bias's shape, row-major, f32: Σ dS over its broadcast axes
   MutableTensorView dk, dv;
-  // bf16 inputs on AMX (amx.h; D and Dv multiples of 32, rows contiguous): the five products of a
-  // tile pair whose inputs are finite run on tiles, with P and dS rounded to bf16 for the last
-  // three (as the forward rounds P); other tile pairs take the f32 products.
-  bool amx = false;
-  TensorView dout_bf16;                       // dO itself, for its bf16 rows
-  const uint16_t* q_transposed = nullptr;     // [B, Hq, q_tiles, D, 64]  Qᵀ per query tile
-  const uint16_t* dout_transposed = nullptr;  // [B, Hq, q_tiles, Dv, 64] dOᵀ per query tile
+  // The product unit (product_unit.h; the f32 unit for any unit without backward products) and
+  // what its backward_prepare packed once per call.
+  const ProductUnit* unit = nullptr;
+  const void* prepared = nullptr;
+  TensorView dout_input;  // dO as the caller passed it (any dtype and strides)
 };
 
 // Batches [b_first, b_end) × kv heads [g_first, g_end) × the key tiles t with t % chunks == chunk.
@@ -58,6 +57,13 @@ struct BackwardContext {
 struct BackwardItem {
   int64_t b_first = 0, b_end = 0, g_first = 0, g_end = 0, chunk = 0;
   int64_t cost = 0;  // non-empty tile pairs, for scheduling
+};
+
+// One (query tile, key tile) pair of head h: queries [q_first, q_first + q_count), keys
+// [j0, j0 + rows). `guarded`: its inputs hold inf or NaN, so the products skip zero weights.
+struct BackwardPair {
+  int64_t b = 0, h = 0, q_tile = 0, q_first = 0, q_count = 0, k_tile = 0, j0 = 0, rows = 0;
+  bool guarded = false;
 };
 
 // One thread's working memory, f32, kept across calls (first-touch page faults are expensive here).
@@ -76,7 +82,7 @@ struct BackwardScratch {
   float* dv = nullptr;        // [64][dv_width] Σ_i P_ij·dO_i
   float* row = nullptr;       // [max(D, Dv)]
   uint64_t* bits = nullptr;   // [64 + 64] a partial tile's mask, per key then per query
-  // The AMX products' operands (amx.h layouts), bf16 and bf16 pairs:
+  // The AMX unit's operands (amx.h layouts), bf16 and bf16 pairs:
   float* dk_t = nullptr;         // [D][64]  Σ_i dS_ij·Q_i of the key tile, transposed
   float* dv_t = nullptr;         // [Dv][64] Σ_i P_ij·dO_i, transposed
   float* dq_tile = nullptr;      // [64][D]  Σ_j dS_ij·K_j of one tile pair

@@ -22,11 +22,17 @@
 // (−inf) − (−inf) never happens, and a row that saw no key ends with l = 0 → O = 0, LSE = −inf.
 // NaN or +inf scores flag their row, which then ends as NaN (as the reference propagates them).
 //
+// The products are the call's product unit's (product_unit.h, one table entry per tile): the
+// f32 unit (f32_fma.cc) runs the register-blocked products above, the bf16 units (bf16_dot.cc,
+// amx.cc) their own on bf16 pairs; this file owns the loop, the mask, the modifiers and the
+// softmax, and a unit that can fold the scale into its softmax step (AMX) gets a software-
+// pipelined path below.
+//
 // Few queries (decoding) waste lanes in this layout: the row kernel (fused_rows.cc) serves them.
 // The pieces the kernels share live beside them, one concept per file: convert-inl.h (element
 // conversions), score_chain-inl.h (the modifier chain), softmax-inl.h (the online softmax's
-// rules), tile_products-inl.h (the two products), simd-inl.h (the exp); kernels/README.md says
-// how a kernel plugs into the driver.
+// rules), tile_products-inl.h (the f32 products), simd-inl.h (the exp); kernels/README.md says
+// how a kernel or a product unit plugs into the driver.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/fused_block.cc"
@@ -40,10 +46,9 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/amx.h"
-#include "kernels/bf16_dot.h"
 #include "kernels/convert-inl.h"
 #include "kernels/fused_block.h"
+#include "kernels/product_unit.h"
 #include "kernels/score_chain-inl.h"
 #include "kernels/scratch_arena.h"
 #include "kernels/simd-inl.h"
@@ -150,91 +155,22 @@ void Finalize(int64_t q_count, int64_t value_dim, const float* o, const float* r
   }
 }
 
-// Loads the block's queries: bf16 pairs for the vdpbf16ps products, else Qᵀ scaled once here
-// rather than every score later (unused columns 0).
-void PackQueries(const Context& c, const Block& blk, Scratch& scratch) {
-  const Problem& p = *c.problem;
-  const int64_t dim = p.head_dim;
-  if (c.products != Products::f32) {
-    bf16_pack_queries(
-        static_cast<const uint16_t*>(p.q.data()) + p.q.offset({blk.b, blk.h, blk.q_first, 0}),
-        p.q.stride(2), blk.q_count, dim, scratch.q_pairs);
-    return;
-  }
-  std::memset(scratch.q_t, 0, dim * kTileQ * sizeof(float));
-  for (int64_t i = 0; i < blk.q_count; ++i) {
-    float* row = scratch.q_rows + i * dim;
-    LoadRow(p.q, p.q.offset({blk.b, blk.h, blk.q_first + i, 0}), p.q.stride(3), dim, row);
-    for (int64_t d = 0; d < dim; ++d) {
-      scratch.q_t[d * kTileQ + i] = static_cast<float>(row[d] * p.scale);
-    }
-  }
-}
-
-// Sᵀ = K·(scale·Qᵀ) for key rows [j0, j0 + rows) of kv head g; with `active`, only the scores
-// each lane block reads.
-void TileScores(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
-                const ActiveRows* active, Scratch& scratch) {
-  const Problem& p = *c.problem;
-  if (c.products != Products::f32) {
-    const uint16_t* k = static_cast<const uint16_t*>(p.k.data()) + p.k.offset({blk.b, g, j0, 0});
-    const auto scale = static_cast<float>(p.scale);
-    if (c.products == Products::amx) {
-      amx_scores(k, p.k.stride(2), rows, p.head_dim, scratch.q_pairs, scale, scratch.k_tail,
-                 scratch.s);
-    } else {
-      bf16_scores(k, p.k.stride(2), rows, p.head_dim, scratch.q_pairs, scale, scratch.s);
-    }
-    return;
-  }
-  int64_t k_stride = 0;
-  const float* k = TileRows(p.k, blk.b, g, j0, rows, p.head_dim, scratch.k, k_stride);
-  if (active != nullptr) {
-    ScoresActive(k, k_stride, rows, p.head_dim, scratch.q_t, *active, scratch.s);
-  } else {
-    Scores(k, k_stride, rows, p.head_dim, scratch.q_t, scratch.s);
-  }
-}
-
-// O += P·V for key tile k_tile, whose P (as bf16 pairs) and α are in the scratch.
-void AmxOutput(const Context& c, const Block& blk, int64_t k_tile, Scratch& scratch) {
-  const Problem& p = *c.problem;
-  const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
-  const uint16_t* vt =
-      c.v_transposed +
-      ((blk.b * p.kv_heads + p.kv_head(blk.h)) * k_tiles + k_tile) * p.value_dim * kTileK;
-  amx_accumulate(vt, p.value_dim, scratch.p_pairs, scratch.alpha, scratch.o);
-}
-
-// Oᵀ = α·Oᵀ + Vᵀ·Pᵀ for the tile. `finite`: V's tile holds no inf/NaN, so zero weights may be
-// multiplied (else they are skipped, and a hidden key's garbage cannot reach the output).
+// Oᵀ = α·Oᵀ + Vᵀ·Pᵀ for the tile. `finite`: V's tile holds no inf/NaN, so the product unit may
+// multiply zero weights; else, whatever the unit, the guarded f32 product skips them, and a hidden
+// key's garbage cannot reach the output.
 void TileOutput(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
                 bool finite, const ActiveRows* active, Scratch& scratch) {
+  if (finite) {
+    c.unit->accumulate(c, blk, g, j0, rows, active, scratch);
+    return;
+  }
   const Problem& p = *c.problem;
-  if (c.products == Products::amx && finite) {
-    amx_pack_weights(scratch.s, rows, scratch.p_pairs);
-    AmxOutput(c, blk, j0 / kTileK, scratch);
-    return;
-  }
-  if (c.products == Products::bf16_dot && finite) {
-    bf16_pack_weights(scratch.s, rows, scratch.p_pairs);
-    // V was packed into pairs once per call; tiles start at even keys.
-    const uint32_t* v_pairs =
-        c.v_pairs + ((blk.b * p.kv_heads + g) * ((p.k_len + 1) / 2) + j0 / 2) * p.value_dim;
-    bf16_accumulate(v_pairs, rows, p.value_dim, scratch.p_pairs, scratch.alpha, scratch.o);
-    return;
-  }
   int64_t v_stride = 0;
   const float* v = TileRows(p.v, blk.b, g, j0, rows, p.value_dim, scratch.v, v_stride);
-  const float* w = scratch.s;
-  if (active != nullptr && finite) {
-    AccumulateActive<false>(v, v_stride, p.value_dim, w, scratch.alpha, *active, scratch.o);
-  } else if (active != nullptr) {
-    AccumulateActive<true>(v, v_stride, p.value_dim, w, scratch.alpha, *active, scratch.o);
-  } else if (finite) {
-    Accumulate<false>(v, v_stride, rows, p.value_dim, w, scratch.alpha, scratch.o);
+  if (active != nullptr) {
+    AccumulateActive<true>(v, v_stride, p.value_dim, scratch.s, scratch.alpha, *active, scratch.o);
   } else {
-    Accumulate<true>(v, v_stride, rows, p.value_dim, w, scratch.alpha, scratch.o);
+    Accumulate<true>(v, v_stride, rows, p.value_dim, scratch.s, scratch.alpha, scratch.o);
   }
 }
 
@@ -254,17 +190,19 @@ void TileScoreMods(const Context& c, const Block& blk, int64_t j0, int64_t rows,
   ApplyScoreChainToTile(*c.problem->mods, *c.problem->mask, tile, s);
 }
 
-// ---- the AMX path, software-pipelined ----------------------------------------------------------
+// ---- the fused path, software-pipelined (units with raw_scores: AMX) ---------------------------
 // Where nothing sits between the products but the mask (no modifiers, a finite V tile, 0 < scale ≤
 // 1) a key tile runs as raw scores, the mask, the softmax step with the scale folded in and P
-// written as bf16 pairs (amx_softmax.cc), then O += P·V. The P·V of tile k is deferred until the
-// scores of tile k + 1 are issued: a tile load waits for the vector stores it reads (P's pairs)
-// to reach the cache, and a vector load for the tile stores it reads (the scores), so each
-// hand-off gets the other product's time to complete instead of stalling.
+// written in the unit's own layout (amx_softmax.cc), then O += P·V. The P·V of tile k is deferred
+// until the scores of tile k + 1 are issued: on AMX a tile load waits for the vector stores it
+// reads (P's pairs) to reach the cache, and a vector load for the tile stores it reads (the
+// scores), so each hand-off gets the other product's time to complete instead of stalling.
 
-bool AmxFastPath(const Context& c, const Block& blk, int64_t k_tile, Scratch& scratch) {
+bool FusedPath(const Context& c, const Block& blk, int64_t k_tile, Scratch& scratch) {
   const Problem& p = *c.problem;
-  if (c.products != Products::amx || c.score_mods || !(p.scale > 0 && p.scale <= 1)) return false;
+  if (c.unit->raw_scores == nullptr || c.score_mods || !(p.scale > 0 && p.scale <= 1)) {
+    return false;
+  }
   const int64_t j0 = k_tile * kTileK;
   return ValueTileFinite(c, blk.b, p.kv_head(blk.h), k_tile, j0, std::min(kTileK, blk.k_end - j0),
                          scratch.v);
@@ -272,25 +210,22 @@ bool AmxFastPath(const Context& c, const Block& blk, int64_t k_tile, Scratch& sc
 
 // Scores of k_tile, then the deferred P·V of tile `pending` (if ≥ 0), then k_tile's mask and
 // softmax step; k_tile's own P·V is left for the caller to run later.
-void AmxScoresAndWeights(const Context& c, const Block& blk, int64_t k_tile, TileKind kind,
-                         int64_t pending, Scratch& scratch) {
+void FusedScoresAndWeights(const Context& c, const Block& blk, int64_t k_tile, TileKind kind,
+                           int64_t pending, Scratch& scratch) {
   const Problem& p = *c.problem;
   const int64_t j0 = k_tile * kTileK, rows = std::min(kTileK, blk.k_end - j0);
-  const int64_t g = p.kv_head(blk.h);
-  amx_scores(static_cast<const uint16_t*>(p.k.data()) + p.k.offset({blk.b, g, j0, 0}),
-             p.k.stride(2), rows, p.head_dim, scratch.q_pairs, 1.0f, scratch.k_tail, scratch.s);
-  if (pending >= 0) AmxOutput(c, blk, pending, scratch);
+  c.unit->raw_scores(c, blk, p.kv_head(blk.h), j0, rows, scratch);
+  if (pending >= 0) c.unit->accumulate_weights(c, blk, pending, scratch);
   if (kind == TileKind::partial) {
     c.tile_masks->build(blk.b, blk.h, blk.q_first, blk.q_count, j0, rows, scratch.allowed);
     ApplyMask(scratch.allowed, AllRows(rows), scratch.s);
   }
-  amx_softmax_step(scratch.s, rows, static_cast<float>(p.scale), scratch.row_max, scratch.row_sum,
-                   scratch.alpha, scratch.poisoned, scratch.p_pairs);
+  c.unit->raw_softmax_step(c, rows, scratch);
 }
 
 // One key tile of a block: scores, modifiers, mask, one online-softmax step, O += P·V. A partial
 // tile whose allowed pairs leave lane blocks empty on some rows (tile_products-inl.h) runs on the
-// active rows alone when that saves at least a quarter of the work (f32 products only).
+// active rows alone when that saves at least a quarter of the work (units with `active_rows`).
 void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kind,
                 Scratch& scratch) {
   const Problem& p = *c.problem;
@@ -303,12 +238,12 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
   if (kind == TileKind::partial) {
     c.tile_masks->build(blk.b, blk.h, blk.q_first, blk.q_count, j0, rows, scratch.allowed);
     allowed = scratch.allowed;
-    if (c.products == Products::f32 && c.skip_hidden_rows) {
+    if (c.unit->active_rows && c.skip_hidden_rows) {
       active_rows = FindActiveRows(allowed, rows);
       if (4 * active_rows.rows <= 3 * kLaneBlocks * rows) active = &active_rows;
     }
   }
-  TileScores(c, blk, g, j0, rows, active, scratch);
+  c.unit->scores(c, blk, g, j0, rows, active, scratch);
   if (c.score_mods) {
     const bool additive = p.mask->has_additive() && kind == TileKind::partial;
     TileScoreMods(c, blk, j0, rows, allowed, additive, scratch.s);
@@ -328,27 +263,25 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
   const int64_t q_tile = blk.q_first / kTileQ;
   const BlockMap::TileRange band = c.blocks->k_tile_range(blk.b, blk.h, q_tile);
   const int64_t k_tile_end = std::min(band.end, (blk.k_end + kTileK - 1) / kTileK);
-  PackQueries(c, blk, scratch);
-  // The tile state is configured per block and released after it: cheap next to a block's work,
-  // and no thread holds 8 KiB of tile state between calls.
-  if (c.products == Products::amx) amx_begin();
+  const ProductUnit& unit = *c.unit;
+  unit.begin_block(c, blk, scratch);
   SoftmaxStart(p, blk.h, blk.with_sink, scratch.row_max, scratch.row_sum, scratch.poisoned, kTileQ);
   std::memset(scratch.o, 0, p.value_dim * kTileQ * sizeof(float));
-  int64_t pending = -1;  // the AMX path's key tile whose P·V is still to come
+  int64_t pending = -1;  // the fused path's key tile whose P·V is still to come
   for (int64_t k_tile = std::max(band.first, blk.k_first / kTileK); k_tile < k_tile_end; ++k_tile) {
     const TileKind kind = c.blocks->kind(blk.b, blk.h, q_tile, k_tile);
     if (kind == TileKind::empty) continue;
-    if (AmxFastPath(c, blk, k_tile, scratch)) {
-      AmxScoresAndWeights(c, blk, k_tile, kind, pending, scratch);
+    if (FusedPath(c, blk, k_tile, scratch)) {
+      FusedScoresAndWeights(c, blk, k_tile, kind, pending, scratch);
       pending = k_tile;
       continue;
     }
-    if (pending >= 0) AmxOutput(c, blk, pending, scratch);
+    if (pending >= 0) unit.accumulate_weights(c, blk, pending, scratch);
     pending = -1;
     AttendTile(c, blk, k_tile, kind, scratch);
   }
-  if (pending >= 0) AmxOutput(c, blk, pending, scratch);
-  if (c.products == Products::amx) amx_end();
+  if (pending >= 0) unit.accumulate_weights(c, blk, pending, scratch);
+  if (unit.end_block != nullptr) unit.end_block();
   Finalize(blk.q_count, p.value_dim, scratch.o, scratch.row_max, scratch.row_sum, scratch.poisoned,
            scratch.out, scratch.lse);
 }

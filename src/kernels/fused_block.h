@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/problem.h"
+#include "kernels/product_unit.h"
 #include "mask/block_map.h"
 #include "mask/tile_mask.h"
 
@@ -64,14 +65,10 @@ struct Context {
   // Partial tiles may run on their active rows only (tile_products-inl.h). Off together with
   // block skipping, so that tests compare the skipping kernel with the plain one bitwise.
   bool skip_hidden_rows = true;
-  // The unit of the tile kernel's two products (cpu.h: tile_products). bf16_dot (vdpbf16ps,
-  // bf16_dot.h) and amx (amx.h) take bf16 Q, K, V with contiguous rows and round P to bf16 for
-  // the second product.
-  Products products = Products::f32;
-  // With bf16_dot: V as pairs (V[2t][e], V[2t+1][e]), [B, Hkv, ⌈Lk/2⌉, Dv], packed once per call.
-  const uint32_t* v_pairs = nullptr;
-  // With amx: Vᵀ per key tile, [B, Hkv, k_tiles, Dv, kTileK] bf16, packed once per call.
-  const uint16_t* v_transposed = nullptr;
+  // The unit of the tile kernel's two products (product_unit.h, chosen by cpu.h's tile_products),
+  // and what its `prepare` packed once per call (its file describes the layout; null for none).
+  const ProductUnit* unit = nullptr;
+  const void* prepared = nullptr;
 };
 
 // Queries [q_first, q_first + q_count) of (b, h), all in one kTileQ-aligned block (tile kernel),

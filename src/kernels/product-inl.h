@@ -1,7 +1,8 @@
 // The register-blocked product C[r][x] (+)= Σ_p A(r, p)·B[p][x], compiled once per Highway target
 // (the "-inl.h" convention). A is read as broadcast scalars with any row and column strides, so
-// the same code multiplies by A or by Aᵀ; B is read as whole rows of lanes. Shared by the fused
-// backward kernel (all five of its products) and the dense layers of MultiHeadAttention.
+// the same code multiplies by A or by Aᵀ; B is read as whole rows of lanes. Shared by the f32
+// unit's backward (all five products of a tile pair, f32_fma.cc) and the dense layers of
+// MultiHeadAttention.
 //
 // Each C element is one running sum over p in order, whatever block it falls in, so a row's
 // result does not depend on how many rows are computed with it.

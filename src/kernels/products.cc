@@ -1,4 +1,5 @@
-// Which unit computes the products (attention.h: Products), per CPU and per call.
+// Which unit computes the products (attention.h: Products), per CPU and per call; and the table
+// that finds each unit's description (product_unit.h), one row per Products value.
 //
 // The rule: bf16 inputs take AMX where the CPU has it and Linux grants it; else vdpbf16ps when it
 // is measurably faster than f32 FMA on this core (AMD Zen 4/5: 2×; Intel: half rate, so a bf16
@@ -10,13 +11,17 @@
 
 #include <cpuid.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "core/names.h"
 #include "kernels/amx.h"
 #include "kernels/bf16_dot.h"
+#include "kernels/product_unit.h"
 #include "kernels/products.h"
 #include "maskattn/cpu.h"
 #include "maskattn/error.h"
@@ -24,6 +29,17 @@
 namespace maskattn {
 
 namespace {
+
+// The table of product units (product_unit.h): one row per unit, each defined in its own file.
+struct UnitRow {
+  Products products;
+  const detail::fused::ProductUnit* unit;
+};
+constexpr UnitRow kUnits[] = {
+    {Products::f32, &detail::fused::kF32Unit},
+    {Products::bf16_dot, &detail::fused::kBf16DotUnit},
+    {Products::amx, &detail::fused::kAmxUnit},
+};
 
 constexpr double kBf16DotMinSpeedup = 1.2;  // vdpbf16ps must beat f32 FMA by this much
 
@@ -57,23 +73,18 @@ bool cpuid_leaf7_edx_bit(unsigned bit) {
 }  // namespace
 
 const char* products_name(Products products) {
-  switch (products) {
-    case Products::automatic:
-      return "auto";
-    case Products::f32:
-      return "f32";
-    case Products::bf16_dot:
-      return "bf16-dot";
-    case Products::amx:
-      return "amx";
+  if (products == Products::automatic) return "auto";
+  for (const UnitRow& row : kUnits) {
+    if (row.products == products) return row.unit->name;
   }
   return "?";
 }
 
 Products parse_products(const std::string& name, const std::string& what) {
-  constexpr std::array kUnits = {Products::automatic, Products::f32, Products::bf16_dot,
-                                 Products::amx};
-  return detail::parse_name(name, what, "product unit", kUnits, products_name);
+  // "auto", then the table's units in their order: a new row's name is accepted with no edit here.
+  std::array<Products, std::size(kUnits) + 1> choices{Products::automatic};
+  for (size_t n = 0; n < std::size(kUnits); ++n) choices[n + 1] = kUnits[n].products;
+  return detail::parse_name(name, what, "product unit", choices, products_name);
 }
 
 Products tile_products(DType dtype, int64_t head_dim, int64_t value_dim, bool contiguous_rows,
@@ -81,10 +92,13 @@ Products tile_products(DType dtype, int64_t head_dim, int64_t value_dim, bool co
   requested = detail::requested_products(requested);
   if (dtype != DType::bf16) return Products::f32;
   Products unit = requested == Products::automatic ? automatic_bf16() : requested;
-  if (unit == Products::amx && !(contiguous_rows && detail::fused::amx_fits(head_dim, value_dim))) {
+  const auto fits = [&](Products p) {
+    return detail::fused::product_unit(p).fits(head_dim, value_dim, contiguous_rows);
+  };
+  if (unit == Products::amx && !fits(unit)) {
     unit = bf16_dot_pays() ? Products::bf16_dot : Products::f32;
   }
-  if (unit == Products::bf16_dot && !(contiguous_rows && head_dim % 2 == 0)) unit = Products::f32;
+  if (unit == Products::bf16_dot && !fits(unit)) unit = Products::f32;
   return unit;
 }
 
@@ -109,6 +123,13 @@ CpuReport cpu_report() {
 }
 
 namespace detail {
+
+const fused::ProductUnit& fused::product_unit(Products products) {
+  for (const UnitRow& row : kUnits) {
+    if (row.products == products) return *row.unit;
+  }
+  throw Error(std::string("no product unit for products = ") + products_name(products));
+}
 
 Products requested_products(Products requested) {
   if (requested == Products::automatic) {

@@ -1,5 +1,7 @@
-// The forward tile kernel's two products, compiled once per Highway target (the "-inl.h"
-// convention). Both hold the tile transposed, queries across the SIMD lanes (fused_block.cc):
+// The forward tile kernel's two f32 products, compiled once per Highway target (the "-inl.h"
+// convention): the f32 unit's (f32_fma.cc), and the guarded product fused_block.cc takes for a V
+// tile with inf/NaN whatever the unit. Both hold the tile transposed, queries across the SIMD
+// lanes (fused_block.cc):
 //
 //     scores   Sᵀ[j][i]  = Σ_d K[j][d]·Qᵀ[d][i]              K broadcast from its own rows
 //     output   Oᵀ[e][i]  = α[i]·Oᵀ[e][i] + Σ_j V[j][e]·Pᵀ[j][i]   V broadcast from its own rows
@@ -10,10 +12,11 @@
 //
 // Partial tiles whose allowed pairs leave whole lane blocks (16 queries) empty on some key rows —
 // the triangle on a causal or sliding-window diagonal, the far edge of a window — run on the
-// active rows only: ActiveRows gives, per lane block, the key rows [first, end) holding any allowed
-// pair, and the "Active" products, the mask and the softmax step touch nothing else. A triangle
-// costs 10 of its 16 (row block, lane block) pieces instead of 16. The rows left out are hidden for
-// every query of the lane block, so their weights would be exactly 0: skipping them changes no bit.
+// active rows only: ActiveRows (active_rows.h) gives, per lane block, the key rows [first, end)
+// holding any allowed pair, and the "Active" products, the mask and the softmax step touch nothing
+// else. A triangle costs 10 of its 16 (row block, lane block) pieces instead of 16. The rows left
+// out are hidden for every query of the lane block, so their weights would be exactly 0: skipping
+// them changes no bit.
 #if defined(MASKATTN_KERNELS_TILE_PRODUCTS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef MASKATTN_KERNELS_TILE_PRODUCTS_INL_H_
 #undef MASKATTN_KERNELS_TILE_PRODUCTS_INL_H_
@@ -26,53 +29,13 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/active_rows.h"  // ActiveRows, kLaneBlock: plain C++, included once
+
 HWY_BEFORE_NAMESPACE();
 namespace maskattn::detail::fused {
 namespace HWY_NAMESPACE {
 
 namespace hn = hwy::HWY_NAMESPACE;
-
-inline constexpr int64_t kProductLanes = 64;  // queries of a tile: kTileQ
-inline constexpr int64_t kLaneBlock = 16;     // queries per lane block (one AVX-512 vector)
-inline constexpr int64_t kLaneBlocks = kProductLanes / kLaneBlock;
-
-// Per lane block c of a partial tile: key rows [first[c], end[c]) hold every allowed pair of its
-// queries (first == end: none). `rows` is the sum of the blocks' row counts.
-struct ActiveRows {
-  int64_t first[kLaneBlocks];
-  int64_t end[kLaneBlocks];
-  int64_t rows = 0;
-};
-
-// Every lane block on all `rows` rows: a tile taken whole.
-inline ActiveRows AllRows(int64_t rows) {
-  ActiveRows all;
-  for (int64_t c = 0; c < kLaneBlocks; ++c) {
-    all.first[c] = 0;
-    all.end[c] = rows;
-  }
-  all.rows = kLaneBlocks * rows;
-  return all;
-}
-
-// From the bit rows of a partial tile (bit i of allowed[j]: query i may see key j).
-inline ActiveRows FindActiveRows(const uint64_t* allowed, int64_t rows) {
-  ActiveRows active;
-  active.rows = 0;
-  for (int64_t c = 0; c < kLaneBlocks; ++c) {
-    const uint64_t lanes = uint64_t{0xFFFF} << (c * kLaneBlock);
-    int64_t first = rows, end = 0;
-    for (int64_t j = 0; j < rows; ++j) {
-      if ((allowed[j] & lanes) == 0) continue;
-      first = std::min(first, j);
-      end = j + 1;
-    }
-    active.first[c] = first < end ? first : 0;
-    active.end[c] = first < end ? end : 0;
-    active.rows += active.end[c] - active.first[c];
-  }
-  return active;
-}
 
 // ---- scores ------------------------------------------------------------------------------------
 
