@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/splitmix64.h"
+#include "diagnostics/audit_sample.h"
 #include "maskattn/multihead.h"
 #include "maskattn/tokens.h"
 
@@ -96,6 +97,12 @@ TEST(Random, MlmMaskingIsPinned) {
 
 TEST(Random, MaePatchMaskingIsPinned) {
   EXPECT_EQ(mae_patch_masking(16, 0.75, 5).kept, (std::vector<int64_t>{2, 7, 12, 15}));
+}
+
+TEST(Random, AuditSampleIsPinned) {
+  const std::vector<float> sample = detail::audit_sample(1, 4);
+  EXPECT_EQ(sample,
+            (std::vector<float>{0x1.10a2dep-3f, 0x1.f75c6ep-2f, 0x1.e24e8cp-1f, -0x1.c7cf2ep-4f}));
 }
 
 TEST(Random, LayerWeightsArePinned) {

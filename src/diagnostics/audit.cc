@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/element.h"
-#include "core/splitmix64.h"
+#include "diagnostics/audit_sample.h"
 #include "mask/resolved_mask.h"
 #include "maskattn/dtype.h"
 #include "maskattn/error.h"
@@ -249,16 +249,16 @@ AuditReport audit_mask(const Mask& mask, const ScoreMods& mods, const Mask* expe
     report.expected = allowed_pairs(*expected, report.shape);
   }
 
-  // Random inputs: scores of moderate size, so that no allowed weight underflows.
-  detail::SplitMix64 random(o.seed);
+  // Random inputs (audit_sample.h): scores of moderate size, so that no allowed weight underflows.
   Buffer q(o.dtype, {o.batch, o.q_heads, o.q_len, o.head_dim});
   Buffer k(o.dtype, {o.batch, kv_heads, o.k_len, o.head_dim});
   Buffer v(o.dtype, {o.batch, kv_heads, o.k_len, o.head_dim});
+  const int64_t per_tensor[] = {q.view().numel(), k.view().numel(), v.view().numel()};
+  const std::vector<float> sample =
+      detail::audit_sample(o.seed, per_tensor[0] + per_tensor[1] + per_tensor[2]);
+  size_t drawn = 0;
   for (Buffer* t : {&q, &k, &v}) {
-    for (int64_t n = 0; n < static_cast<int64_t>(t->words.size()) / (o.dtype == DType::f32 ? 2 : 1);
-         ++n) {
-      t->set(n, static_cast<float>(random.uniform(-1.0, 1.0)));
-    }
+    for (int64_t n = 0; n < t->view().numel(); ++n) t->set(n, sample[drawn++]);
   }
   const std::vector<uint8_t> influence = measure_influence(mask, mods, o, kv_heads, q, k, v);
   report.influence = Array<uint8_t>({o.batch, o.q_heads, o.q_len, o.k_len}, influence);
