@@ -37,9 +37,11 @@
 //
 // The unit (end of this file, kAmxUnit: product_unit.h) is what the drivers see: Vᵀ packed per
 // call, the query pairs and the tile configuration per block (released after it), these products
-// per tile, and the fused tile where no modifier sits between the products (raw scores,
-// amx_softmax_step, P·V deferred by one tile: fused_block.cc). Its backward entries run a finite
-// tile pair's five products on the tiles (the backward driver's guarded pairs stay f32).
+// per tile, its per-thread operands carved from the drivers' unit workspace (forward_operands,
+// backward_operands: the one place their order and sizes are written), and the fused tile where no
+// modifier sits between the products (raw scores, amx_softmax_step, P·V deferred by one tile:
+// fused_block.cc). Its backward entries run a finite tile pair's five products on the tiles (the
+// backward driver's guarded pairs stay f32).
 #include "kernels/amx.h"
 
 #include <cpuid.h>
@@ -58,6 +60,7 @@
 #include "kernels/fused_backward_block.h"
 #include "kernels/fused_block.h"
 #include "kernels/product_unit.h"
+#include "kernels/scratch_arena.h"
 
 namespace maskattn::detail::fused {
 
@@ -288,6 +291,32 @@ const void* prepare(Problem& p) {
   return packed.data();
 }
 
+// The forward's per-thread operands (Scratch::unit), in this order: the bf16 unit's q_pairs and
+// p_pairs (bf16_pack_block_queries packs the former), then k_tail [16][D], the copy of a key
+// tile's last rows. scratch_arena.h's carving (64-byte aligned, a spare line after each): the
+// offsets stay apart modulo 4 KiB, which matters on the tiles.
+struct ForwardOperands {
+  uint32_t* q_pairs;
+  uint32_t* p_pairs;
+  uint16_t* k_tail;
+};
+
+ForwardOperands forward_operands(ScratchCarver& carve, int64_t head_dim) {
+  const Bf16Operands pairs = bf16_operands(carve, head_dim);
+  return {pairs.q_pairs, pairs.p_pairs, carve.take<uint16_t>(kGroup * head_dim)};
+}
+
+int64_t thread_bytes(int64_t head_dim, int64_t) {
+  ScratchCarver count(nullptr);
+  forward_operands(count, head_dim);
+  return count.bytes();
+}
+
+ForwardOperands operands(const Context& c, const Scratch& scratch) {
+  ScratchCarver carve(scratch.unit);
+  return forward_operands(carve, c.problem->head_dim);
+}
+
 // The query pairs, then the tile configuration: configured per block and released after it
 // (cheap next to a block's work, and no thread holds 8 KiB of tile state between calls).
 void begin_block(const Context& c, const Block& blk, Scratch& scratch) {
@@ -298,8 +327,9 @@ void begin_block(const Context& c, const Block& blk, Scratch& scratch) {
 void scores_scaled(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
                    float scale, Scratch& scratch) {
   const Problem& p = *c.problem;
+  const ForwardOperands ops = operands(c, scratch);
   amx_scores(static_cast<const uint16_t*>(p.k.data()) + p.k.offset({blk.b, g, j0, 0}),
-             p.k.stride(2), rows, p.head_dim, scratch.q_pairs, scale, scratch.k_tail, scratch.s);
+             p.k.stride(2), rows, p.head_dim, ops.q_pairs, scale, ops.k_tail, scratch.s);
 }
 
 void scores(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
@@ -314,7 +344,7 @@ void raw_scores(const Context& c, const Block& blk, int64_t g, int64_t j0, int64
 
 void raw_softmax_step(const Context& c, int64_t rows, Scratch& scratch) {
   amx_softmax_step(scratch.s, rows, static_cast<float>(c.problem->scale), scratch.row_max,
-                   scratch.row_sum, scratch.alpha, scratch.poisoned, scratch.p_pairs);
+                   scratch.row_sum, scratch.alpha, scratch.poisoned, operands(c, scratch).p_pairs);
 }
 
 // O += P·V for key tile k_tile, whose P (as bf16 pairs) and α are in the scratch.
@@ -324,12 +354,12 @@ void accumulate_weights(const Context& c, const Block& blk, int64_t k_tile, Scra
   const uint16_t* vt =
       static_cast<const uint16_t*>(c.prepared) +
       ((blk.b * p.kv_heads + p.kv_head(blk.h)) * k_tiles + k_tile) * p.value_dim * kTileK;
-  amx_accumulate(vt, p.value_dim, scratch.p_pairs, scratch.alpha, scratch.o);
+  amx_accumulate(vt, p.value_dim, operands(c, scratch).p_pairs, scratch.alpha, scratch.o);
 }
 
 void accumulate(const Context& c, const Block& blk, int64_t, int64_t j0, int64_t rows,
                 const ActiveRows*, Scratch& scratch) {
-  amx_pack_weights(scratch.s, rows, scratch.p_pairs);
+  amx_pack_weights(scratch.s, rows, operands(c, scratch).p_pairs);
   accumulate_weights(c, blk, j0 / kTileK, scratch);
 }
 
@@ -340,6 +370,49 @@ void accumulate(const Context& c, const Block& blk, int64_t, int64_t j0, int64_t
 // transposed, until the tile's pairs are done.
 
 constexpr int64_t T = kBackwardTile;
+
+// The backward's per-thread operands (BackwardScratch::unit), in this order (scratch_arena.h's
+// carving, each 64-byte aligned with a spare line after it, so that pieces 4 KiB long stay apart
+// modulo 4 KiB): the f32 accumulators dKᵀ [D][64], dVᵀ [Dv][64] and a short pair's dQ [64][D];
+// the B operands as bf16 pairs, K and V pairs [⌈D/2⌉][64], [⌈Dv/2⌉][64] (of S and dP), K's row
+// pairs [32][D] (of dQ), P and dS row pairs [32][64] (of dVᵀ and dKᵀ); and bf16 rows, dS [64][64]
+// (A of dQ) and a short tile's Q or dO rows [64][max(D, Dv)], zero padded.
+struct BackwardOperands {
+  float* dk_t;
+  float* dv_t;
+  float* dq_tile;
+  uint32_t* k_pairs;
+  uint32_t* v_pairs;
+  uint32_t* k_vnni;
+  uint32_t* p_pairs;
+  uint32_t* ds_pairs;
+  uint16_t* ds_rows;
+  uint16_t* a_rows;
+};
+
+BackwardOperands backward_operands(ScratchCarver& carve, int64_t d, int64_t e) {
+  return {carve.take<float>(d * T),
+          carve.take<float>(e * T),
+          carve.take<float>(T * d),
+          carve.take<uint32_t>((d + 1) / 2 * T),
+          carve.take<uint32_t>((e + 1) / 2 * T),
+          carve.take<uint32_t>(T / 2 * d),
+          carve.take<uint32_t>(T / 2 * T),
+          carve.take<uint32_t>(T / 2 * T),
+          carve.take<uint16_t>(T * T),
+          carve.take<uint16_t>(T * std::max(d, e))};
+}
+
+int64_t backward_thread_bytes(int64_t head_dim, int64_t value_dim) {
+  ScratchCarver count(nullptr);
+  backward_operands(count, head_dim, value_dim);
+  return count.bytes();
+}
+
+BackwardOperands operands(const BackwardContext& c, const BackwardScratch& sc) {
+  ScratchCarver carve(sc.unit);
+  return backward_operands(carve, c.problem->head_dim, c.problem->value_dim);
+}
 
 bool backward_fits(const Problem& p) {
   return p.value_dim % 32 == 0;
@@ -373,15 +446,16 @@ const uint16_t* dout_transposed(const BackwardContext& c) {
 void begin_key_tile(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, int64_t rows,
                     BackwardScratch& sc) {
   const Problem& p = *c.problem;
+  const BackwardOperands ops = operands(c, sc);
   const auto* k = static_cast<const uint16_t*>(p.k.data()) + p.k.offset({b, g, j0, 0});
   const auto* v = static_cast<const uint16_t*>(p.v.data()) + p.v.offset({b, g, j0, 0});
-  bf16_pack_queries(k, p.k.stride(2), rows, p.head_dim, sc.k_pairs);
-  bf16_pack_queries(v, p.v.stride(2), rows, p.value_dim, sc.v_pairs);
+  bf16_pack_queries(k, p.k.stride(2), rows, p.head_dim, ops.k_pairs);
+  bf16_pack_queries(v, p.v.stride(2), rows, p.value_dim, ops.v_pairs);
   const int64_t filled = (rows + 1) / 2;
-  bf16_pack_values(k, p.k.stride(2), rows, p.head_dim, sc.k_vnni);
-  std::memset(sc.k_vnni + filled * p.head_dim, 0, (T / 2 - filled) * p.head_dim * 4);
-  std::memset(sc.dk_t, 0, p.head_dim * T * sizeof(float));
-  std::memset(sc.dv_t, 0, p.value_dim * T * sizeof(float));
+  bf16_pack_values(k, p.k.stride(2), rows, p.head_dim, ops.k_vnni);
+  std::memset(ops.k_vnni + filled * p.head_dim, 0, (T / 2 - filled) * p.head_dim * 4);
+  std::memset(ops.dk_t, 0, p.head_dim * T * sizeof(float));
+  std::memset(ops.dv_t, 0, p.value_dim * T * sizeof(float));
   amx_begin();
 }
 
@@ -394,9 +468,10 @@ MASKATTN_AMX_TARGET void add_transposed(const float* t, int64_t width, float* ro
 }
 
 void end_key_tile(const BackwardContext& c, BackwardScratch& sc) {
+  const BackwardOperands ops = operands(c, sc);
   amx_end();
-  add_transposed(sc.dk_t, c.problem->head_dim, sc.dk, c.dq_width);
-  add_transposed(sc.dv_t, c.problem->value_dim, sc.dv, c.dv_width);
+  add_transposed(ops.dk_t, c.problem->head_dim, sc.dk, c.dq_width);
+  add_transposed(ops.dv_t, c.problem->value_dim, sc.dv, c.dv_width);
 }
 
 // `count` bf16 rows of a [B, H, L, W] view from row i0 of (b, h): in place when there are 64 of
@@ -420,10 +495,11 @@ const uint16_t* tile_rows_bf16(const TensorView& t, int64_t b, int64_t h, int64_
 // S = Q·Kᵀ, unscaled (backward_weights folds the scale in).
 void backward_scores(const BackwardContext& c, const BackwardPair& pair, BackwardScratch& sc) {
   const Problem& p = *c.problem;
+  const BackwardOperands ops = operands(c, sc);
   int64_t q_stride = 0;
   const uint16_t* q =
-      tile_rows_bf16(p.q, pair.b, pair.h, pair.q_first, pair.q_count, sc.a_rows, q_stride);
-  amx_product(q, q_stride, sc.k_pairs, T, sc.s, T, T, T, p.head_dim, false);
+      tile_rows_bf16(p.q, pair.b, pair.h, pair.q_first, pair.q_count, ops.a_rows, q_stride);
+  amx_product(q, q_stride, ops.k_pairs, T, sc.s, T, T, T, p.head_dim, false);
 }
 
 void backward_weights(const BackwardContext& c, const BackwardPair& pair, BackwardScratch& sc) {
@@ -434,10 +510,11 @@ void backward_weights(const BackwardContext& c, const BackwardPair& pair, Backwa
 
 void backward_dp(const BackwardContext& c, const BackwardPair& pair, BackwardScratch& sc) {
   const Problem& p = *c.problem;
+  const BackwardOperands ops = operands(c, sc);
   int64_t dout_stride = 0;
   const uint16_t* dout = tile_rows_bf16(c.dout_input, pair.b, pair.h, pair.q_first, pair.q_count,
-                                        sc.a_rows, dout_stride);
-  amx_product(dout, dout_stride, sc.v_pairs, T, sc.ds, T, T, T, p.value_dim, false);
+                                        ops.a_rows, dout_stride);
+  amx_product(dout, dout_stride, ops.v_pairs, T, sc.ds, T, T, T, p.value_dim, false);
 }
 
 void backward_accumulate(const BackwardContext& c, const BackwardItem& item,
@@ -445,27 +522,28 @@ void backward_accumulate(const BackwardContext& c, const BackwardItem& item,
   const Problem& p = *c.problem;
   const int64_t dim = p.head_dim, value_dim = p.value_dim, q_tiles = (p.q_len + T - 1) / T;
   const int64_t q_count = pair.q_count;
+  const BackwardOperands ops = operands(c, sc);
   // P and dS as pairs of query rows (zero past q_count) and dS as bf16 rows.
-  amx_pack_weights(sc.s, q_count, sc.p_pairs);
-  amx_pack_weights(sc.ds, q_count, sc.ds_pairs);
-  amx_round_rows(sc.ds, T, sc.ds_rows);
+  amx_pack_weights(sc.s, q_count, ops.p_pairs);
+  amx_pack_weights(sc.ds, q_count, ops.ds_pairs);
+  amx_round_rows(sc.ds, T, ops.ds_rows);
 
   // dVᵀ += dOᵀ·P   dKᵀ += Qᵀ·dS   dQ_tile = dS·K
   const int64_t tile = (pair.b * p.q_heads + pair.h) * q_tiles + pair.q_tile;
-  amx_product(dout_transposed(c) + tile * value_dim * T, T, sc.p_pairs, T, sc.dv_t, T, value_dim, T,
-              T, true);
-  amx_product(q_transposed(c) + tile * dim * T, T, sc.ds_pairs, T, sc.dk_t, T, dim, T, T, true);
+  amx_product(dout_transposed(c) + tile * value_dim * T, T, ops.p_pairs, T, ops.dv_t, T, value_dim,
+              T, T, true);
+  amx_product(q_transposed(c) + tile * dim * T, T, ops.ds_pairs, T, ops.dk_t, T, dim, T, T, true);
   float* dq = c.dq_partial +
               (((item.chunk * p.batch + pair.b) * p.q_heads + pair.h) * p.q_len + pair.q_first) *
                   c.dq_width;
   if (q_count == T) {  // straight into the partial's rows
-    amx_product(sc.ds_rows, T, sc.k_vnni, dim, dq, c.dq_width, T, dim, T, true);
+    amx_product(ops.ds_rows, T, ops.k_vnni, dim, dq, c.dq_width, T, dim, T, true);
     return;
   }
   // A short tile: its rows past q_count are not this head's, so the tile goes through scratch.
-  amx_product(sc.ds_rows, T, sc.k_vnni, dim, sc.dq_tile, dim, T, dim, T, false);
+  amx_product(ops.ds_rows, T, ops.k_vnni, dim, ops.dq_tile, dim, T, dim, T, false);
   for (int64_t i = 0; i < q_count; ++i) {
-    for (int64_t d = 0; d < dim; ++d) dq[i * c.dq_width + d] += sc.dq_tile[i * dim + d];
+    for (int64_t d = 0; d < dim; ++d) dq[i * c.dq_width + d] += ops.dq_tile[i * dim + d];
   }
 }
 
@@ -474,6 +552,8 @@ void backward_accumulate(const BackwardContext& c, const BackwardItem& item,
 const ProductUnit kAmxUnit = {
     .name = "amx",
     .fits = fits,
+    .thread_bytes = thread_bytes,
+    .backward_thread_bytes = backward_thread_bytes,
     .call_bytes = call_bytes,
     .prepare = prepare,
     .begin_block = begin_block,

@@ -4,7 +4,9 @@
 // with the unit's table entry (kAmxUnit, product_unit.h): the forward's products and its fused,
 // pipelined tile (amx_softmax.cc), and the backward's five products.
 //
-// Layouts (one 64 × 64 tile of the fused kernel; bf16_dot.h has the pair layouts):
+// Layouts (one 64 × 64 tile of the fused kernel; bf16_dot.h has the pair layouts; the per-thread
+// ones are carved from the drivers' unit workspace by amx.cc's forward_operands and
+// backward_operands):
 //   q_pairs [D/2][kTileQ] uint32   (Q[i][2p], Q[i][2p+1]) — bf16_pack_queries, the B operand
 //   K rows read in place           16 keys × 32 dims per A tile (a tail tile goes through a copy)
 //   p_pairs [kTileK/2][kTileQ]     weights rounded to bf16 — bf16_pack_weights, the B operand

@@ -246,11 +246,17 @@ MASKATTN_BF16_TARGET void bf16_accumulate(const uint32_t* v_pairs, int64_t rows,
 
 namespace maskattn::detail::fused {
 
+Bf16Operands bf16_operands(ScratchCarver& carve, int64_t head_dim) {
+  return {carve.take<uint32_t>((head_dim + 1) / 2 * kTileQ),
+          carve.take<uint32_t>(kTileK / 2 * kTileQ)};
+}
+
 void bf16_pack_block_queries(const Context& c, const Block& blk, Scratch& scratch) {
   const Problem& p = *c.problem;
+  ScratchCarver carve(scratch.unit);
   bf16_pack_queries(
       static_cast<const uint16_t*>(p.q.data()) + p.q.offset({blk.b, blk.h, blk.q_first, 0}),
-      p.q.stride(2), blk.q_count, p.head_dim, scratch.q_pairs);
+      p.q.stride(2), blk.q_count, p.head_dim, bf16_operands(carve, p.head_dim).q_pairs);
 }
 
 namespace {
@@ -264,6 +270,17 @@ bool fits(int64_t head_dim, int64_t, bool contiguous_rows) {
 double call_bytes(const Problem& p) {
   const double keys = static_cast<double>(p.k.size(0)) * p.k.size(1) * p.k_len;
   return 4.0 * (keys / 2 + p.batch * p.kv_heads) * p.value_dim;
+}
+
+int64_t thread_bytes(int64_t head_dim, int64_t) {
+  ScratchCarver count(nullptr);
+  bf16_operands(count, head_dim);
+  return count.bytes();
+}
+
+Bf16Operands operands(const Context& c, const Scratch& scratch) {
+  ScratchCarver carve(scratch.unit);
+  return bf16_operands(carve, c.problem->head_dim);
 }
 
 // V's rows paired up once for all query blocks: [B, Hkv, ⌈Lk/2⌉, Dv] v_pairs.
@@ -287,8 +304,8 @@ void scores(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t r
             const ActiveRows*, Scratch& scratch) {
   const Problem& p = *c.problem;
   const uint16_t* k = static_cast<const uint16_t*>(p.k.data()) + p.k.offset({blk.b, g, j0, 0});
-  bf16_scores(k, p.k.stride(2), rows, p.head_dim, scratch.q_pairs, static_cast<float>(p.scale),
-              scratch.s);
+  bf16_scores(k, p.k.stride(2), rows, p.head_dim, operands(c, scratch).q_pairs,
+              static_cast<float>(p.scale), scratch.s);
 }
 
 // P rounded to bf16 pairs, then O = α·O + P·V from the pairs packed per call (tiles start at even
@@ -296,10 +313,11 @@ void scores(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t r
 void accumulate(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_t rows,
                 const ActiveRows*, Scratch& scratch) {
   const Problem& p = *c.problem;
-  bf16_pack_weights(scratch.s, rows, scratch.p_pairs);
+  uint32_t* p_pairs = operands(c, scratch).p_pairs;
+  bf16_pack_weights(scratch.s, rows, p_pairs);
   const uint32_t* v_pairs = static_cast<const uint32_t*>(c.prepared) +
                             ((blk.b * p.kv_heads + g) * ((p.k_len + 1) / 2) + j0 / 2) * p.value_dim;
-  bf16_accumulate(v_pairs, rows, p.value_dim, scratch.p_pairs, scratch.alpha, scratch.o);
+  bf16_accumulate(v_pairs, rows, p.value_dim, p_pairs, scratch.alpha, scratch.o);
 }
 
 }  // namespace
@@ -307,6 +325,8 @@ void accumulate(const Context& c, const Block& blk, int64_t g, int64_t j0, int64
 const ProductUnit kBf16DotUnit = {
     .name = "bf16-dot",
     .fits = fits,
+    .thread_bytes = thread_bytes,
+    .backward_thread_bytes = nullptr,
     .call_bytes = call_bytes,
     .prepare = prepare,
     .begin_block = bf16_pack_block_queries,

@@ -9,16 +9,28 @@
 //   q_pairs [D/2][kTileQ] uint32: (Q[i][2p], Q[i][2p+1]) per query i  — packed once per q-block
 //   K rows read in place: K[j][2p], K[j][2p+1] are adjacent in memory  — broadcast as one uint32
 //   p_pairs [kTileK/2][kTileQ] uint32: (P[2t][i], P[2t+1][i]), weights rounded to bf16
-//   v_pairs [kTileK/2][Dv] uint32: (V[2t][e], V[2t+1][e])
+//   v_pairs [kTileK/2][Dv] uint32: (V[2t][e], V[2t+1][e])             — packed once per call
+// q_pairs and p_pairs are the unit's per-thread operands (ProductUnit::thread_bytes), carved from
+// Scratch::unit by bf16_operands; the AMX unit's forward operands begin with the same two.
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/scratch_arena.h"
 
 namespace maskattn::detail::fused {
 
 struct Context;
 struct Block;
 struct Scratch;
+
+// The unit's per-thread operands, in this order: q_pairs [⌈D/2⌉][kTileQ], p_pairs
+// [kTileK/2][kTileQ] (scratch_arena.h's carving: each 64-byte aligned, a spare line after it).
+struct Bf16Operands {
+  uint32_t* q_pairs;
+  uint32_t* p_pairs;
+};
+Bf16Operands bf16_operands(ScratchCarver& carve, int64_t head_dim);
 
 bool bf16_dot_available();
 
@@ -46,7 +58,8 @@ void bf16_pack_values(const uint16_t* v, int64_t v_stride, int64_t rows, int64_t
 void bf16_accumulate(const uint32_t* v_pairs, int64_t rows, int64_t value_dim,
                      const uint32_t* p_pairs, const float* alpha, float* o);
 
-// The block's queries as scratch.q_pairs (bf16_pack_queries): the bf16 units' begin_block.
+// The block's queries as the q_pairs of Scratch::unit (bf16_pack_queries): the bf16 units'
+// begin_block.
 void bf16_pack_block_queries(const Context& c, const Block& blk, Scratch& scratch);
 
 }  // namespace maskattn::detail::fused

@@ -204,6 +204,8 @@ void backward_accumulate(const BackwardContext& c, const BackwardItem& item,
 const ProductUnit kF32Unit = {
     .name = "f32",
     .fits = fits,
+    .thread_bytes = nullptr,  // its operands are the drivers' f32 tiles
+    .backward_thread_bytes = nullptr,
     .call_bytes = call_bytes,
     .prepare = prepare,
     .begin_block = begin_block,

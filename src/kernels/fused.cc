@@ -302,9 +302,12 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   const RowWriter write{out, lse, p.value_dim};
   std::vector<int64_t> costs(items.size());
   for (size_t n = 0; n < items.size(); ++n) costs[n] = items[n].cost;
+  const int64_t unit_bytes = mode.unit != nullptr && mode.unit->thread_bytes != nullptr
+                                 ? mode.unit->thread_bytes(p.head_dim, p.value_dim)
+                                 : 0;
   run_longest_first(costs, p.threads, [&](int64_t index) {
     thread_local Scratch scratch;
-    scratch.reserve(p.head_dim, p.value_dim);
+    scratch.reserve(p.head_dim, p.value_dim, unit_bytes);
     if (mode.rows) {
       run_row_item(context, items[index], rows, chunks > 1, write, partials, scratch);
     } else {

@@ -277,9 +277,12 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
   clear_dq_partials(p, c);
   std::vector<int64_t> costs(items.size());
   for (size_t n = 0; n < items.size(); ++n) costs[n] = items[n].cost + 1;
+  const int64_t unit_bytes = unit.backward_thread_bytes != nullptr
+                                 ? unit.backward_thread_bytes(p.head_dim, p.value_dim)
+                                 : 0;
   run_longest_first(costs, p.threads, [&](int64_t n) {
     thread_local BackwardScratch scratch;
-    scratch.reserve(p.head_dim, p.value_dim);
+    scratch.reserve(p.head_dim, p.value_dim, unit_bytes);
     backward_item(c, items[n], scratch);
   });
   store_dq(p, c, grads.dq);

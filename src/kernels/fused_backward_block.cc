@@ -352,12 +352,14 @@ void transpose_bits(uint64_t* bits) {
   }
 }
 
-void BackwardScratch::reserve(int64_t head_dim, int64_t value_dim) {
-  if (head_dim <= head_dim_ && value_dim <= value_dim_) return;
+void BackwardScratch::reserve(int64_t head_dim, int64_t value_dim, int64_t unit_bytes) {
+  if (head_dim <= head_dim_ && value_dim <= value_dim_ && unit_bytes <= unit_bytes_) return;
   head_dim_ = std::max(head_dim, head_dim_);
   value_dim_ = std::max(value_dim, value_dim_);
+  unit_bytes_ = std::max(unit_bytes, unit_bytes_);
   const int64_t d = head_dim_, e = value_dim_, T = kBackwardTile;
   const int64_t d_padded = (d + 15) / 16 * 16, e_padded = (e + 15) / 16 * 16;
+  float* unit_floats = nullptr;
   carve_scratch(storage_, {{&k_t, d * T},
                            {&k_rows, T * d_padded},
                            {&v_t, e * T},
@@ -367,18 +369,10 @@ void BackwardScratch::reserve(int64_t head_dim, int64_t value_dim) {
                            {&dk, T * d_padded},
                            {&dv, T * e_padded},
                            {&row, std::max(d_padded, e_padded)},
-                           {&dk_t, d * T},
-                           {&dv_t, e * T},
-                           {&dq_tile, T * d}});
+                           {&unit_floats, (unit_bytes_ + 3) / 4}});
+  unit = unit_floats;
   bits_.assign(2 * T, 0);
   bits = bits_.data();
-  // The AMX operands (amx.h layouts).
-  carve_scratch(words_, {{&k_pairs, (d + 1) / 2 * T},
-                         {&v_pairs, (e + 1) / 2 * T},
-                         {&k_vnni, T / 2 * d},
-                         {&p_pairs, T / 2 * T},
-                         {&ds_pairs, T / 2 * T}});
-  carve_scratch(halves_, {{&ds_rows, T * T}, {&a_rows, T * std::max(d, e)}});
 }
 
 }  // namespace maskattn::detail::fused

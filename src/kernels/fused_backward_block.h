@@ -66,9 +66,12 @@ struct BackwardPair {
   bool guarded = false;
 };
 
-// One thread's working memory, f32, kept across calls (first-touch page faults are expensive here).
+// One thread's working memory: the f32 tiles (the f32 unit's key operands, packed for every key
+// tile) and the product unit's own operands; kept across calls (first-touch page faults are
+// expensive here).
 struct BackwardScratch {
-  void reserve(int64_t head_dim, int64_t value_dim);
+  // Grows to these head dims and `unit_bytes` of unit operands (never shrinks).
+  void reserve(int64_t head_dim, int64_t value_dim, int64_t unit_bytes);
 
   float* k_t = nullptr;             // [D][64]  scale·Kᵀ of the key tile
   float* k_rows = nullptr;          // [64][dq_width]  K rows, zero padded (when not read in place)
@@ -82,24 +85,14 @@ struct BackwardScratch {
   float* dv = nullptr;        // [64][dv_width] Σ_i P_ij·dO_i
   float* row = nullptr;       // [max(D, Dv)]
   uint64_t* bits = nullptr;   // [64 + 64] a partial tile's mask, per key then per query
-  // The AMX unit's operands (amx.h layouts), bf16 and bf16 pairs:
-  float* dk_t = nullptr;         // [D][64]  Σ_i dS_ij·Q_i of the key tile, transposed
-  float* dv_t = nullptr;         // [Dv][64] Σ_i P_ij·dO_i, transposed
-  float* dq_tile = nullptr;      // [64][D]  Σ_j dS_ij·K_j of one tile pair
-  uint32_t* k_pairs = nullptr;   // [D/2][64]  (K[j][2p], K[j][2p+1]): B of S = Q·Kᵀ
-  uint32_t* v_pairs = nullptr;   // [Dv/2][64] (V[j][2p], V[j][2p+1]): B of dP = dO·Vᵀ
-  uint32_t* k_vnni = nullptr;    // [32][D]    (K[2t][d], K[2t+1][d]): B of dQ = dS·K
-  uint32_t* p_pairs = nullptr;   // [32][64]   (P[2t][j], P[2t+1][j]): B of dVᵀ += dOᵀ·P
-  uint32_t* ds_pairs = nullptr;  // [32][64]   dS likewise: B of dKᵀ += Qᵀ·dS
-  uint16_t* ds_rows = nullptr;   // [64][64]   dS rows: A of dQ
-  uint16_t* a_rows = nullptr;    // [64][max(D, Dv)] Q or dO rows of a short tile, zero padded
+  // The product unit's own operands (ProductUnit::backward_thread_bytes), 64-byte aligned, the
+  // arena's last piece: the unit's file carves them (amx.cc: bf16 pairs, transposed accumulators).
+  void* unit = nullptr;
 
  private:
-  int64_t head_dim_ = -1, value_dim_ = -1;
+  int64_t head_dim_ = -1, value_dim_ = -1, unit_bytes_ = -1;
   std::vector<float> storage_;
   std::vector<uint64_t> bits_;
-  std::vector<uint32_t> words_;
-  std::vector<uint16_t> halves_;
 };
 
 void backward_item(const BackwardContext& context, const BackwardItem& item,

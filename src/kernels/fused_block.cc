@@ -326,11 +326,13 @@ void attend_block(const Context& context, const Block& block, Scratch& scratch) 
   HWY_DYNAMIC_DISPATCH(AttendBlock)(context, block, scratch);
 }
 
-void Scratch::reserve(int64_t head_dim, int64_t value_dim) {
-  if (head_dim <= head_dim_ && value_dim <= value_dim_) return;
+void Scratch::reserve(int64_t head_dim, int64_t value_dim, int64_t unit_bytes) {
+  if (head_dim <= head_dim_ && value_dim <= value_dim_ && unit_bytes <= unit_bytes_) return;
   head_dim_ = std::max(head_dim, head_dim_);
   value_dim_ = std::max(value_dim, value_dim_);
+  unit_bytes_ = std::max(unit_bytes, unit_bytes_);
   const int64_t d = head_dim_, dv = value_dim_;
+  float* unit_floats = nullptr;
   carve_scratch(storage_, {{&q_t, d * kTileQ},
                            {&q_rows, kTileQ * d},
                            {&k, kTileK * d},
@@ -342,13 +344,11 @@ void Scratch::reserve(int64_t head_dim, int64_t value_dim) {
                            {&alpha, kTileQ},
                            {&out, kTileQ * dv},
                            {&lse, kTileQ},
-                           {&poisoned, kTileQ}});
+                           {&poisoned, kTileQ},
+                           {&unit_floats, (unit_bytes_ + 3) / 4}});
+  unit = unit_floats;
   bits_.assign(kTileQ + kTileK, 0);
   allowed = bits_.data();
-  carve_scratch(pairs_, {{&q_pairs, (d + 1) / 2 * kTileQ},
-                         {&p_pairs, kTileK / 2 * kTileQ},
-                         {&v_pairs, kTileK / 2 * dv}});
-  carve_scratch(halves_, {{&k_tail, 16 * d}});
 }
 
 }  // namespace maskattn::detail::fused

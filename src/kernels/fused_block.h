@@ -19,10 +19,12 @@ inline constexpr int64_t kTileQ = 64;    // queries per block: one bit each in a
 inline constexpr int64_t kTileK = 64;    // keys per tile
 inline constexpr int64_t kMaxRows = 32;  // rows of one attend_rows() call
 
-// One thread's working memory, f32. Kept across calls (thread_local in the driver) because the
-// first touch of a fresh page costs 11–16 µs on this VM.
+// One thread's working memory: the kernels' f32 tiles, and the product unit's own operands. Kept
+// across calls (thread_local in the driver) because the first touch of a fresh page costs
+// 11–16 µs on this VM.
 struct Scratch {
-  void reserve(int64_t head_dim, int64_t value_dim);
+  // Grows to these head dims and `unit_bytes` of unit operands (never shrinks).
+  void reserve(int64_t head_dim, int64_t value_dim, int64_t unit_bytes);
 
   float* q_t = nullptr;         // [D][kTileQ]       scaled queries, transposed (tile kernel)
   float* q_rows = nullptr;      // [kTileQ][D]       scaled query rows (row kernel)
@@ -37,17 +39,14 @@ struct Scratch {
   float* out = nullptr;         // [kTileQ][Dv]      normalised output rows of the block
   float* lse = nullptr;         // [kTileQ]
   uint64_t* allowed = nullptr;  // [kTileQ + kTileK] bit rows of a partial tile
-  uint32_t* q_pairs = nullptr;  // [D/2][kTileQ]     bf16 query pairs (bf16_dot.h)
-  uint32_t* p_pairs = nullptr;  // [kTileK/2][kTileQ] bf16 weight pairs
-  uint32_t* v_pairs = nullptr;  // [kTileK/2][Dv]    bf16 value pairs
-  uint16_t* k_tail = nullptr;   // [16][D]           bf16 keys of a tile's last rows (amx.h)
+  // The product unit's own operands (ProductUnit::thread_bytes), 64-byte aligned, the arena's last
+  // piece: the unit's file carves them (bf16 query and weight pairs, a bf16 key tail, …).
+  void* unit = nullptr;
 
  private:
-  int64_t head_dim_ = -1, value_dim_ = -1;
+  int64_t head_dim_ = -1, value_dim_ = -1, unit_bytes_ = -1;
   std::vector<float> storage_;
   std::vector<uint64_t> bits_;
-  std::vector<uint32_t> pairs_;
-  std::vector<uint16_t> halves_;
 };
 
 // Read-only state shared by every block of one call.

@@ -3,7 +3,9 @@
 // The tile kernels (fused_block.cc forward, fused_backward_block.cc backward) own the loop, the
 // mask, the score modifiers and the online softmax; a product unit owns the products and whatever
 // layout they want their operands in: what is packed once per call, once per block of queries and
-// once per tile, and the products themselves. Each unit is one `ProductUnit` defined in its own
+// once per tile, the per-thread buffers those operands live in (carved by the unit from the
+// drivers' untyped Scratch::unit / BackwardScratch::unit, sized by its thread_bytes), and the
+// products themselves. Each unit is one `ProductUnit` defined in its own
 // file (kF32Unit in f32_fma.cc, kBf16DotUnit in bf16_dot.cc, kAmxUnit in amx.cc), and
 // product_unit() (products.cc) holds the one table row per `Products` value that finds it. The
 // drivers call through these pointers once per tile or block, never per element: a 64 × 64 tile's
@@ -40,6 +42,14 @@ struct ProductUnit {
   // Whether the unit takes Q, K and V with these head dims; `contiguous_rows`: their last axes
   // have unit stride. tile_products() (products.cc) falls back to another unit when not.
   bool (*fits)(int64_t head_dim, int64_t value_dim, bool contiguous_rows);
+
+  // ---- per thread, reserved once and kept across calls ----
+  // Bytes of the unit's own per-thread operands for these head dims (forward; backward): the
+  // drivers reserve them as Scratch::unit and BackwardScratch::unit, 64-byte aligned, and the unit
+  // carves its buffers from there by a layout in its own file (scratch_arena.h's ScratchCarver,
+  // from the call's head dims). Null: the unit needs none.
+  int64_t (*thread_bytes)(int64_t head_dim, int64_t value_dim);
+  int64_t (*backward_thread_bytes)(int64_t head_dim, int64_t value_dim);
 
   // ---- forward, once per call (fused.cc) ----
   // Bytes `prepare` will allocate, for the memory check made before anything is allocated.
