@@ -71,8 +71,7 @@ namespace {
 
 static_assert(kTileQ == 64 && kTileK == 64, "the AMX products assume 64 × 64 tiles");
 
-constexpr int64_t kGroup = 16;             // rows of a tile register
-constexpr int64_t kRowBytes = kTileQ * 4;  // a row of s, o, q_pairs and p_pairs: 64 floats/pairs
+constexpr int64_t kGroup = 16;  // rows of a tile register
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1;  // palette 1: 8 tiles of at most 16 rows × 64 bytes
