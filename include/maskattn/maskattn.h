@@ -17,6 +17,7 @@
 #include "maskattn/memory.h"
 #include "maskattn/multihead.h"
 #include "maskattn/npy.h"
+#include "maskattn/program.h"
 #include "maskattn/score_mods.h"
 #include "maskattn/shape.h"
 #include "maskattn/sparse_layouts.h"
