@@ -1,13 +1,14 @@
 // The scalar reference evaluator: one (b, h, q, kv[, s]) at a time, one pass over the nodes, every
 // node evaluated (eagerly, both sides of a where). apply() is the one definition of what a node
 // computes from its arguments' values; constant folding calls it too, and the tile evaluator
-// (eval_tile.cc) calls the same element functions of ir.h, so all three agree bit for bit.
+// (eval_tile.cc) maps the same operator functions (ops.h), so all three agree bit for bit.
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "maskattn/error.h"
 #include "program/ir.h"
+#include "program/ops.h"
 
 namespace maskattn::program {
 
@@ -74,97 +75,30 @@ void throw_division_by_zero(const ProgramIr& ir, const Node& node, int64_t divid
 
 namespace {
 
+// An operator on int64 (or bool) operands, through ops.h's one definition.
 Scalar apply_int(const ProgramIr& ir, const Node& node, int64_t a, int64_t b) {
-  switch (node.op) {
-    case Op::neg:
-      return {wrap_neg(a), 0};
-    case Op::logical_not:
-      return {a ^ 1, 0};
-    case Op::abs:
-      return {wrap_abs(a), 0};
-    case Op::add:
-      return {wrap_add(a, b), 0};
-    case Op::sub:
-      return {wrap_sub(a, b), 0};
-    case Op::mul:
-      return {wrap_mul(a, b), 0};
-    case Op::floordiv:
-    case Op::mod:
-      if (b == 0) throw_division_by_zero(ir, node, a);
-      return {node.op == Op::mod ? floor_mod(a, b) : floor_div(a, b), 0};
-    case Op::eq:
-      return {a == b, 0};
-    case Op::ne:
-      return {a != b, 0};
-    case Op::lt:
-      return {a < b, 0};
-    case Op::le:
-      return {a <= b, 0};
-    case Op::gt:
-      return {a > b, 0};
-    case Op::ge:
-      return {a >= b, 0};
-    case Op::logical_and:
-      return {a & b, 0};
-    case Op::logical_or:
-      return {a | b, 0};
-    case Op::min:
-      return {b < a ? b : a, 0};
-    case Op::max:
-      return {a < b ? b : a, 0};
-    default:
-      return {0, to_f32(a)};  // to_f32
-  }
+  if (node.op == Op::to_f32) return {0, to_f32(a)};
+  if (arity(node.op) == 1) return {with_int_unary(node.op, [&](auto f) { return f(a); }), 0};
+  const auto on_zero_divisor = [&](int64_t dividend) {
+    throw_division_by_zero(ir, node, dividend);
+  };
+  return {with_int_binary(node.op, on_zero_divisor, [&](auto f) { return f(a, b); }), 0};
 }
 
+// An operator on f32 operands, through ops.h's one definition.
 Scalar apply_f32(const Node& node, float a, float b) {
-  switch (node.op) {
-    case Op::neg:
-      return {0, -a};
-    case Op::abs:
-      return {0, std::fabs(a)};
-    case Op::add:
-      return {0, a + b};
-    case Op::sub:
-      return {0, a - b};
-    case Op::mul:
-      return {0, a * b};
-    case Op::div:
-      return {0, a / b};
-    case Op::eq:
-      return {a == b, 0};
-    case Op::ne:
-      return {a != b, 0};
-    case Op::lt:
-      return {a < b, 0};
-    case Op::le:
-      return {a <= b, 0};
-    case Op::gt:
-      return {a > b, 0};
-    case Op::ge:
-      return {a >= b, 0};
-    case Op::min:
-      return {0, min_f32(a, b)};
-    case Op::max:
-      return {0, max_f32(a, b)};
-    case Op::exp:
-      return {0, std::exp(a)};
-    case Op::log:
-      return {0, std::log(a)};
-    case Op::tanh:
-      return {0, std::tanh(a)};
-    case Op::sigmoid:
-      return {0, sigmoid_f32(a)};
-    default:
-      return {floor_to_int(a), 0};  // floor
+  if (node.op == Op::floor) return {floor_to_int(a), 0};
+  if (arity(node.op) == 1) return {0, with_f32_unary(node.op, [&](auto f) { return f(a); })};
+  if (is_comparison(node.op)) {
+    return {with_f32_comparison(node.op, [&](auto f) { return f(a, b); }), 0};
   }
+  return {0, with_f32_arithmetic(node.op, [&](auto f) { return f(a, b); })};
 }
 
 }  // namespace
 
 Scalar apply(const ProgramIr& ir, const Node& node, const Scalar* args) {
   if (node.op == Op::where) return args[0].i != 0 ? args[1] : args[2];
-  if (node.op == Op::to_f32) return {0, to_f32(args[0].i)};
   const Type operand = ir.nodes[node.args[0]].type;
   if (operand == Type::f32) return apply_f32(node, args[0].f, arity(node.op) == 2 ? args[1].f : 0);
   return apply_int(ir, node, args[0].i, arity(node.op) == 2 ? args[1].i : 0);

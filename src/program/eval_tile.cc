@@ -11,13 +11,14 @@
 //
 // Vectorisation. This first piece uses plain loops over contiguous arrays (int64 for bool and
 // int64 values, f32 for f32 values) that the compiler may vectorise; no Highway yet. Each element
-// is computed by the same inline functions of ir.h as the scalar evaluator, so the two agree
+// is computed by the same operator functions (ops.h) as the scalar evaluator, so the two agree
 // exactly. Workspace: thread-local vectors, grown once and reused.
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "program/ir.h"
+#include "program/ops.h"
 
 namespace maskattn::program {
 namespace {
@@ -132,7 +133,7 @@ void TileEvaluator::table(const Node& node, const Slot& slot) {
   }
 }
 
-// Nodes whose (first) operand is int64 or bool.
+// Nodes whose (first) operand is int64 or bool: ops.h's operators mapped over the tile.
 void TileEvaluator::int_operands(const Node& node, const Slot& slot) {
   const size_t n = &node - ir_.nodes.data();
   const In<int64_t> a = view<int64_t>(node.args[0]);
@@ -140,139 +141,29 @@ void TileEvaluator::int_operands(const Node& node, const Slot& slot) {
     return map(
         floats(n), slot, [](int64_t x) { return to_f32(x); }, a);
   int64_t* out = ints(n);
-  if (arity(node.op) == 1) {
-    if (node.op == Op::neg)
-      map(
-          out, slot, [](int64_t x) { return wrap_neg(x); }, a);
-    if (node.op == Op::abs)
-      map(
-          out, slot, [](int64_t x) { return wrap_abs(x); }, a);
-    if (node.op == Op::logical_not)
-      map(
-          out, slot, [](int64_t x) { return x ^ 1; }, a);
-    return;
-  }
+  if (arity(node.op) == 1) return with_int_unary(node.op, [&](auto f) { map(out, slot, f, a); });
   const In<int64_t> b = view<int64_t>(node.args[1]);
-  const auto divide = [&](int64_t x, int64_t y) {
-    if (y == 0) throw_division_by_zero(ir_, node, x);
-    return node.op == Op::mod ? floor_mod(x, y) : floor_div(x, y);
+  const auto on_zero_divisor = [&](int64_t dividend) {
+    throw_division_by_zero(ir_, node, dividend);
   };
-  switch (node.op) {
-    case Op::add:
-      return map(
-          out, slot, [](int64_t x, int64_t y) { return wrap_add(x, y); }, a, b);
-    case Op::sub:
-      return map(
-          out, slot, [](int64_t x, int64_t y) { return wrap_sub(x, y); }, a, b);
-    case Op::mul:
-      return map(
-          out, slot, [](int64_t x, int64_t y) { return wrap_mul(x, y); }, a, b);
-    case Op::floordiv:
-    case Op::mod:
-      return map(out, slot, divide, a, b);
-    case Op::eq:
-      return map(
-          out, slot, [](int64_t x, int64_t y) -> int64_t { return x == y; }, a, b);
-    case Op::ne:
-      return map(
-          out, slot, [](int64_t x, int64_t y) -> int64_t { return x != y; }, a, b);
-    case Op::lt:
-      return map(
-          out, slot, [](int64_t x, int64_t y) -> int64_t { return x < y; }, a, b);
-    case Op::le:
-      return map(
-          out, slot, [](int64_t x, int64_t y) -> int64_t { return x <= y; }, a, b);
-    case Op::gt:
-      return map(
-          out, slot, [](int64_t x, int64_t y) -> int64_t { return x > y; }, a, b);
-    case Op::ge:
-      return map(
-          out, slot, [](int64_t x, int64_t y) -> int64_t { return x >= y; }, a, b);
-    case Op::logical_and:
-      return map(
-          out, slot, [](int64_t x, int64_t y) { return x & y; }, a, b);
-    case Op::logical_or:
-      return map(
-          out, slot, [](int64_t x, int64_t y) { return x | y; }, a, b);
-    case Op::min:
-      return map(
-          out, slot, [](int64_t x, int64_t y) { return y < x ? y : x; }, a, b);
-    default:
-      return map(
-          out, slot, [](int64_t x, int64_t y) { return x < y ? y : x; }, a, b);  // max
-  }
+  with_int_binary(node.op, on_zero_divisor, [&](auto f) { map(out, slot, f, a, b); });
 }
 
-// Nodes whose operands are f32.
+// Nodes whose operands are f32: ops.h's operators mapped over the tile.
 void TileEvaluator::f32_operands(const Node& node, const Slot& slot) {
   const size_t n = &node - ir_.nodes.data();
   const In<float> a = view<float>(node.args[0]);
-  float* out = node.type == Type::f32 ? floats(n) : nullptr;
-  int64_t* flags = node.type == Type::f32 ? nullptr : ints(n);  // comparisons, floor
-  switch (node.op) {
-    case Op::neg:
-      return map(
-          out, slot, [](float x) { return -x; }, a);
-    case Op::abs:
-      return map(
-          out, slot, [](float x) { return std::fabs(x); }, a);
-    case Op::exp:
-      return map(
-          out, slot, [](float x) { return std::exp(x); }, a);
-    case Op::log:
-      return map(
-          out, slot, [](float x) { return std::log(x); }, a);
-    case Op::tanh:
-      return map(
-          out, slot, [](float x) { return std::tanh(x); }, a);
-    case Op::sigmoid:
-      return map(
-          out, slot, [](float x) { return sigmoid_f32(x); }, a);
-    case Op::floor:
-      return map(
-          flags, slot, [](float x) { return floor_to_int(x); }, a);
-    default:
-      break;
+  if (node.op == Op::floor)
+    return map(
+        ints(n), slot, [](float x) { return floor_to_int(x); }, a);
+  if (arity(node.op) == 1) {
+    return with_f32_unary(node.op, [&](auto f) { map(floats(n), slot, f, a); });
   }
   const In<float> b = view<float>(node.args[1]);
-  switch (node.op) {
-    case Op::add:
-      return map(
-          out, slot, [](float x, float y) { return x + y; }, a, b);
-    case Op::sub:
-      return map(
-          out, slot, [](float x, float y) { return x - y; }, a, b);
-    case Op::mul:
-      return map(
-          out, slot, [](float x, float y) { return x * y; }, a, b);
-    case Op::div:
-      return map(
-          out, slot, [](float x, float y) { return x / y; }, a, b);
-    case Op::min:
-      return map(
-          out, slot, [](float x, float y) { return min_f32(x, y); }, a, b);
-    case Op::max:
-      return map(
-          out, slot, [](float x, float y) { return max_f32(x, y); }, a, b);
-    case Op::eq:
-      return map(
-          flags, slot, [](float x, float y) -> int64_t { return x == y; }, a, b);
-    case Op::ne:
-      return map(
-          flags, slot, [](float x, float y) -> int64_t { return x != y; }, a, b);
-    case Op::lt:
-      return map(
-          flags, slot, [](float x, float y) -> int64_t { return x < y; }, a, b);
-    case Op::le:
-      return map(
-          flags, slot, [](float x, float y) -> int64_t { return x <= y; }, a, b);
-    case Op::gt:
-      return map(
-          flags, slot, [](float x, float y) -> int64_t { return x > y; }, a, b);
-    default:
-      return map(
-          flags, slot, [](float x, float y) -> int64_t { return x >= y; }, a, b);
+  if (is_comparison(node.op)) {
+    return with_f32_comparison(node.op, [&](auto f) { map(ints(n), slot, f, a, b); });
   }
+  with_f32_arithmetic(node.op, [&](auto f) { map(floats(n), slot, f, a, b); });
 }
 
 void TileEvaluator::run(const float* s) {
