@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
     getrusage(RUSAGE_SELF, &usage);
     // The backward's five products (S, dP, dV, dK, dQ) against the forward's two: 2·(3D + 2Dv).
     const double flops = bench::flops_per_pair(c) * (pass == "backward" ? 2.5 : 1.0);
+    const double allowed = bench::allowed_pairs(c);  // count_allowed: a walk over the tiles
     // The 64×64 tiles the kernel visits (block map: not empty) and how many need the element mask.
     const Array<uint8_t> tiles =
         block_map(bench::make_mask(c), {c.batch, c.heads, c.q_len, c.k_len});
@@ -74,11 +75,10 @@ int main(int argc, char** argv) {
         "median_ms=%.3f min_ms=%.3f max_ms=%.3f allowed_pairs=%.0f dense_pairs=%.0f "
         "gflops_allowed=%.1f gflops_dense=%.1f peak_rss_mib=%.1f io_mib=%.1f tiles_visited=%ld "
         "tiles_partial=%ld tiles_total=%ld\n",
-        median, ms.front(), ms.back(), bench::allowed_pairs(c), bench::dense_pairs(c),
-        bench::allowed_pairs(c) * flops / median * 1e-6,
-        bench::dense_pairs(c) * flops / median * 1e-6, usage.ru_maxrss / 1024.0,
-        tensors.bytes() / (1 << 20), static_cast<long>(visited), static_cast<long>(partial),
-        static_cast<long>(tiles.numel()));
+        median, ms.front(), ms.back(), allowed, bench::dense_pairs(c),
+        allowed * flops / median * 1e-6, bench::dense_pairs(c) * flops / median * 1e-6,
+        usage.ru_maxrss / 1024.0, tensors.bytes() / (1 << 20), static_cast<long>(visited),
+        static_cast<long>(partial), static_cast<long>(tiles.numel()));
   } catch (const std::exception& error) {
     std::fprintf(stderr, "attention_run: %s\n", error.what());
     return 1;
