@@ -51,16 +51,16 @@ TEST(Errors, E124_ProgramTypeMismatch) {
 
 TEST(Errors, E125_ProgramTableDefinition) {
   const std::vector<int64_t> doc(8, 0);
-  const ProgramTable table{"doc", doc.data(), ProgramTableType::int64, {8}, {}};
+  const ProgramTable table{"doc", doc.data(), ProgramTableType::int64, {8}, {}, {}};
   EXPECT_EQ(message_of([&] {
               Program::mask("q > 0", {table, table});
             }),
             "program table 'doc' is given twice");
-  EXPECT_EQ(
-      message_of([&] {
-        Program::mask("q > 0", {ProgramTable{"", doc.data(), ProgramTableType::int64, {8}, {}}});
-      }),
-      "program table '': a table name must be a non-empty identifier (letters, digits, _)");
+  EXPECT_EQ(message_of([&] {
+              Program::mask("q > 0",
+                            {ProgramTable{"", doc.data(), ProgramTableType::int64, {8}, {}, {}}});
+            }),
+            "program table '': a table name must be a non-empty identifier (letters, digits, _)");
   EXPECT_EQ(message_of([&] { Program::mask("doc[q, kv] == 0", {table}); }),
             "program `doc[q, kv] == 0`, column 1: table doc[8] takes 1 indices, got 2");
   EXPECT_EQ(message_of([&] { Program::mask("doc[q / 2] == 0", {table}); }),
@@ -71,7 +71,7 @@ TEST(Errors, E125_ProgramTableDefinition) {
 TEST(Errors, E126_ProgramEvaluation) {
   const std::vector<int64_t> doc(8, 0);
   const Program program = Program::mask(
-      "doc[q] == doc[kv]", {ProgramTable{"doc", doc.data(), ProgramTableType::int64, {8}, {}}});
+      "doc[q] == doc[kv]", {ProgramTable{"doc", doc.data(), ProgramTableType::int64, {8}, {}, {}}});
   EXPECT_EQ(message_of([&] { program.allows(0, 0, 2, 8); }),
             "program `doc[q] == doc[kv]`, column 11: index [8] is outside table doc of shape [8]");
   uint64_t bits[64];

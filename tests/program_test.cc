@@ -118,7 +118,7 @@ void expect_score(const Program& program, const ScoreFn& want, const std::vector
 
 ProgramTable table(std::string name, const void* data, ProgramTableType type,
                    std::vector<int64_t> sizes, std::vector<int64_t> strides = {}) {
-  return ProgramTable{std::move(name), data, type, std::move(sizes), std::move(strides)};
+  return ProgramTable{std::move(name), data, type, std::move(sizes), std::move(strides), {}};
 }
 
 // Every test of the catalogue: the program's canonical text compiles back to the same text.

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "maskattn/array.h"
+#include "maskattn/program.h"
 
 namespace maskattn {
 
@@ -153,6 +154,14 @@ struct Predicate {
   std::string name = "predicate";
 };
 
+// A mask program (maskattn/program.h): FlexAttention's mask_mod as an expression over b, h and the
+// row indices q, kv (global rows, as predicates get), with captured tables. Evaluated a 64 × 64
+// tile at a time: the block map from one scan of the program (no Lq × Lk buffer), the element
+// mask of partial tiles inside the kernels.
+struct ProgramMask {
+  Program program;
+};
+
 }  // namespace component
 
 // The problem size a mask is evaluated for: [B, Hq, Lq, Lk] (allowed_pairs(), block_map(), the
@@ -184,7 +193,7 @@ using Component =
     std::variant<component::Window, component::Chunk, component::Padding, component::Segments,
                  component::Spans, component::Prefix, component::GlobalTokens,
                  component::BlockSparse, component::DenseBool, component::DenseAdditive,
-                 component::Predicate>;
+                 component::Predicate, component::ProgramMask>;
 
 class Mask {
  public:
@@ -234,6 +243,10 @@ class Mask {
   Mask& additive(Array<float> values);    // added to the scores; −inf hides
 
   Mask& predicate(component::PairPredicate allows, std::string name = "predicate");
+  // A mask program: Program::mask(text, tables), or a compiled one (Error if it is a score
+  // program). Its q and kv are row indices (top-left, as FlexAttention's q_idx and kv_idx).
+  Mask& program(Program program);
+  Mask& program(std::string_view text, std::vector<ProgramTable> tables = {});
 
   // Query alignment when Lq ≠ Lk; applies to every position-dependent component. Setting two
   // different alignments on one mask (or combining masks that did) is an error.

@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace maskattn {
@@ -40,6 +41,41 @@ struct ProgramTable {
   ProgramTableType type = ProgramTableType::int64;
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;  // empty: contiguous (row-major) for sizes
+  // Optional: keeps the memory alive as long as the Program (a Python array, an owned vector).
+  std::shared_ptr<const void> owner;
+
+  // A borrowed contiguous view of int64, int32, float or bool (uint8_t 0/1) data.
+  template <class T>
+  static ProgramTable borrow(std::string name, const T* data, std::vector<int64_t> sizes) {
+    return ProgramTable{std::move(name), data, type_of<T>(), std::move(sizes), {}, {}};
+  }
+
+ private:
+  template <class T>
+  static constexpr ProgramTableType type_of() {
+    static_assert(std::is_same_v<T, int64_t> || std::is_same_v<T, int32_t> ||
+                      std::is_same_v<T, float> || std::is_same_v<T, uint8_t>,
+                  "a program table holds int64, int32, float or uint8_t (bool) elements");
+    if constexpr (std::is_same_v<T, int32_t>) return ProgramTableType::int32;
+    if constexpr (std::is_same_v<T, float>) return ProgramTableType::float32;
+    if constexpr (std::is_same_v<T, uint8_t>) return ProgramTableType::boolean;
+    return ProgramTableType::int64;
+  }
+};
+
+// The problem a program is evaluated over, in global rows: b < batch, h < heads, q < q_len,
+// kv < k_len (the Mask's or ScoreMods' whole problem, mask.h's Frame included).
+struct ProgramDomain {
+  int64_t batch = 1, heads = 1, q_len = 0, k_len = 0;
+};
+
+// Where the elements of a score tile are: the pair (query q0 + i, key kv0 + j) is at
+// s[j * row_stride + i] (key rows: the forward kernel's Sᵀ) or s[i * row_stride + j] (query rows:
+// the backward kernel's S). 1 ≤ nq, nk ≤ 64.
+struct ProgramTile {
+  int64_t b = 0, h = 0, q0 = 0, nq = 1, kv0 = 0, nk = 1;
+  bool query_rows = false;
+  int64_t row_stride = 0;  // 0: packed (nq with key rows, nk with query rows)
 };
 
 enum class ProgramKind : uint8_t { mask, score };
@@ -60,6 +96,19 @@ class Program {
   std::string text() const;
   // The number of IR nodes after folding (for tests and curiosity).
   int64_t node_count() const;
+  // The tables, as given (strides filled in).
+  const std::vector<ProgramTable>& tables() const;
+  // Whether the result depends on b, on h, on s (a mask program never does).
+  bool depends_on_batch() const;
+  bool depends_on_head() const;
+  bool depends_on_score() const;
+
+  // Proves, by interval arithmetic over the domain (and each table's value range), that no
+  // evaluation anywhere in it can index outside a table or divide by zero, so that kernels may
+  // evaluate tiles without checks and never fail half-way. Throws Error (E128) naming the table,
+  // the index and its possible range otherwise: a program that could read out of range is refused
+  // before any evaluation, whichever pairs a mask would have hidden.
+  void check(const ProgramDomain& domain) const;
 
   // The scalar reference, one pair at a time.
   bool allows(int64_t b, int64_t h, int64_t q, int64_t kv) const;
@@ -73,6 +122,17 @@ class Program {
                  uint64_t* bits) const;
   void score_tile(int64_t b, int64_t h, int64_t q0, int64_t nq, int64_t kv0, int64_t nk,
                   float* s) const;
+  // score_tile on any layout (ProgramTile).
+  void score_tile(const ProgramTile& tile, float* s) const;
+  // The backward of score_tile (reverse mode over the IR): `s` holds the scores that entered
+  // score_tile (its input, not its output), `ds` holds ∂L/∂output and receives ∂L/∂input, in the
+  // tile's layout. Pairs whose ∂L/∂output is exactly 0 (hidden pairs) get 0 and contribute nothing
+  // (no 0·inf = NaN). For each float32 table t with table_grads[t] != nullptr (a zeroed or
+  // accumulating row-major buffer of the table's element count, in doubles), adds ∂L/∂table: the
+  // sum over the tile's pairs of ∂L/∂output · ∂output/∂t[index], in a fixed order (key rows, then
+  // queries), so the result does not depend on which thread evaluates which tile.
+  void score_tile_backward(const ProgramTile& tile, const float* s, float* ds,
+                           double* const* table_grads) const;
 
  private:
   explicit Program(std::shared_ptr<const program::ProgramIr> ir);

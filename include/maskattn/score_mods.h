@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "maskattn/array.h"
+#include "maskattn/program.h"
 
 namespace maskattn {
 
@@ -28,13 +29,18 @@ struct ScoreMods {
   // A callable (s, b, h, i, j) → s' (FlexAttention's score_mod), after ALiBi/bias/additive masks.
   // Called concurrently from several threads. Returning −inf hides the pair.
   ScoreFunction score_fn;
+  // A score program (maskattn/program.h; FlexAttention's score_mod as an expression of s, b, h,
+  // q, kv and captured tables), in score_fn's place in the order above, with a backward: ∂/∂s and
+  // the gradients of its float32 tables. Not together with score_fn.
+  std::optional<Program> program;
   // Content threshold: hide pairs whose final score is below τ.
   std::optional<double> threshold;
   // [Hq] attention-sink logits: each joins its head's softmax denominator with no value vector.
   std::vector<float> sinks;
 
   bool empty() const {
-    return !softcap && alibi_slopes.empty() && !bias && !score_fn && !threshold && sinks.empty();
+    return !softcap && alibi_slopes.empty() && !bias && !score_fn && !program && !threshold &&
+           sinks.empty();
   }
 };
 

@@ -302,6 +302,20 @@ Mask& Mask::predicate(component::PairPredicate allows, std::string name) {
   return add(component::Predicate{std::move(allows), std::move(name)}, std::move(label));
 }
 
+Mask& Mask::program(Program program) {
+  if (program.kind() != ProgramKind::mask) {
+    throw Error("Mask::program: `" + program.text() +
+                "` is a score program (a number); a mask needs a mask program (a bool): "
+                "give it to ScoreMods::program instead");
+  }
+  std::string label = "program `" + program.text() + "`";
+  return add(component::ProgramMask{std::move(program)}, std::move(label));
+}
+
+Mask& Mask::program(std::string_view text, std::vector<ProgramTable> tables) {
+  return program(Program::mask(text, std::move(tables)));
+}
+
 Mask& Mask::set_alignment(Alignment alignment) {
   if (alignment_is_set_ && alignment_ != alignment) {
     throw Error("mask alignment set to both bottom-right and top-left; a mask has one alignment");

@@ -109,6 +109,30 @@ int64_t Program::node_count() const {
   return static_cast<int64_t>(ir_->nodes.size());
 }
 
+const std::vector<ProgramTable>& Program::tables() const {
+  return ir_->tables;
+}
+
+// Unreachable nodes are removed at compile (ir.h), so a variable node present is one used.
+namespace {
+bool uses(const program::ProgramIr& ir, program::Op op) {
+  for (const program::Node& node : ir.nodes) {
+    if (node.op == op) return true;
+  }
+  return false;
+}
+}  // namespace
+
+bool Program::depends_on_batch() const {
+  return uses(*ir_, program::Op::var_b);
+}
+bool Program::depends_on_head() const {
+  return uses(*ir_, program::Op::var_h);
+}
+bool Program::depends_on_score() const {
+  return uses(*ir_, program::Op::var_s);
+}
+
 bool Program::allows(int64_t b, int64_t h, int64_t q, int64_t kv) const {
   if (ir_->kind != ProgramKind::mask) throw Error("Program::allows needs a mask program");
   return program::evaluate_scalar(*ir_, 0.0f, b, h, q, kv).i != 0;
