@@ -100,6 +100,10 @@ struct Gradients {
   MutableTensorView
       dbias;  // optional: ∂L/∂bias, f32, the shape of mods.bias (broadcast axes summed)
   MutableTensorView dsinks;  // optional: ∂L/∂sinks, f32 [Hq]
+  // optional: ∂L/∂ each float32 table of mods.program, in the program's table order (an empty
+  // vector, or one view per table; null views for tables not wanted and for non-float tables),
+  // f32, the table's sizes. Summed over every pair that reads the element.
+  std::vector<MutableTensorView> dtables;
   // Add this call's gradients to what the views hold (split and ring backward passes sum over
   // key slices) instead of overwriting them. The call's own gradients are computed as without
   // it, then added in f32 (the views' dtype rounds the sum).
