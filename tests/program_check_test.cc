@@ -77,6 +77,32 @@ TEST(ProgramCheck, MessagesNameTheIndexItsRangeAndTheDomain) {
   EXPECT_THROW(Program::mask("q % (kv - 7) >= 0").check({1, 1, 8, 8}), Error);
 }
 
+// A where's branch is ranged on the pairs that take it (the condition narrows the expression it
+// shares with the branch), so T5's bucket needs no clamp: the logarithmic branch is only the value
+// where abs(q - kv) >= 8. Equal subexpressions are one node (compile.cc), which is what lets the
+// condition speak about the branch.
+TEST(ProgramCheck, WhereBranchesAreRangedUnderTheirCondition) {
+  std::vector<float> t5(3 * 16, 0.0f);
+  const std::vector<ProgramTable> tables = {ProgramTable::borrow("t5", t5.data(), {3, 16})};
+  const Program program = Program::score(
+      "s + t5[h, where(abs(q - kv) < 8, abs(q - kv), "
+      "min(8 + floor(log(abs(q - kv) / 8) / log(16) * 8), 15))]",
+      tables);
+  EXPECT_NO_THROW(program.check({2, 3, 5000, 300}));
+  EXPECT_THROW(program.check({2, 4, 5000, 300}), Error);
+  std::vector<int64_t> doc(10, 0);
+  const std::vector<ProgramTable> docs = {ProgramTable::borrow("doc", doc.data(), {10})};
+  const Program guarded =
+      Program::mask("doc[where((q - kv >= 0) & (q - kv < 10), q - kv, 0)] == 0", docs);
+  EXPECT_NO_THROW(guarded.check({1, 1, 100, 100}));
+  const Program unguarded = Program::mask("doc[where(q - kv < 10, q - kv, 0)] == 0", docs);
+  EXPECT_THROW(unguarded.check({1, 1, 100, 100}), Error);  // q - kv < 0 is taken too
+  // Eager: a read inside a branch happens for every pair, whichever branch is taken.
+  const Program eager = Program::mask("where(q < 10, doc[q], 0) == 0", docs);
+  EXPECT_THROW(eager.check({1, 1, 11, 1}), Error);
+  EXPECT_EQ(Program::mask("(q - kv >= 0) & (q - kv < 256)").node_count(), 8);  // q - kv once
+}
+
 TEST(ProgramCheck, EmptyDomainsHaveNothingToCheckAndNegativeOnesAreRefused) {
   std::vector<int64_t> doc(4, 0);
   const Program program =
@@ -119,7 +145,7 @@ class Generator {
   explicit Generator(uint64_t seed) : random_(seed) {}
 
   std::string int_expression(int depth) {
-    const int choice = pick(depth <= 0 ? 5 : 18);
+    const int choice = pick(depth <= 0 ? 5 : 19);
     switch (choice) {
       case 0:
         return "q";
@@ -156,6 +182,11 @@ class Generator {
         return "t[" + int_expression(depth - 1) + "]";
       case 16:
         return "floor(" + f32_expression(depth - 1) + ")";
+      case 17: {  // the where idiom for a guarded index: x where 0 <= x < n, else 0
+        const std::string x = int_expression(depth - 1);
+        return "where((" + x + " >= 0) & (" + x + " < " + std::to_string(pick(12)) + "), " + x +
+               ", 0)";
+      }
       default:
         return "min(max(" + int_expression(depth - 1) + ", 0), " + std::to_string(pick(12)) + ")";
     }

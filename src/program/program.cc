@@ -12,6 +12,7 @@
 #include "maskattn/program.h"
 #include "program/build.h"
 #include "program/interval.h"
+#include "program/ops.h"
 
 namespace maskattn {
 namespace {
@@ -239,6 +240,81 @@ F32Range f32_range(const Node& node, const F32Range& a, const F32Range& b) {
   }
 }
 
+void node_range(const ProgramIr& ir, size_t n, const ProgramDomain& d, Ranges& ranges);
+
+// Narrows `ranges` by the assumption that bool node `cond` is `truth`: a comparison of int64s
+// bounds each side by the other (q - kv < 8 true: q - kv ≤ 7), ~ flips, & true and | false hold
+// both sides. Marks the narrowed nodes; false when the assumption can hold nowhere (the branch is
+// never taken).
+bool assume(const ProgramIr& ir, int32_t cond, bool truth, Ranges& ranges,
+            std::vector<bool>& narrowed) {
+  const Node& node = ir.nodes[cond];
+  if (node.op == Op::logical_not) return assume(ir, node.args[0], !truth, ranges, narrowed);
+  if ((node.op == Op::logical_and && truth) || (node.op == Op::logical_or && !truth)) {
+    return assume(ir, node.args[0], truth, ranges, narrowed) &&
+           assume(ir, node.args[1], truth, ranges, narrowed);
+  }
+  if (!is_comparison(node.op) || ir.nodes[node.args[0]].type != Type::int64) return true;
+  static constexpr Op kNegation[] = {Op::ne, Op::eq, Op::ge, Op::gt, Op::le, Op::lt};
+  const Op op = truth ? node.op : kNegation[static_cast<int>(node.op) - static_cast<int>(Op::eq)];
+  IntRange& a = ranges.ints[node.args[0]];
+  IntRange& b = ranges.ints[node.args[1]];
+  const IntRange a0 = a, b0 = b;
+  // a < b ⟺ a ≤ b - 1, computed without overflow: a.hi ≤ b.hi - 1 and b.lo ≥ a.lo + 1.
+  const auto below = [](int64_t x, int64_t step) { return x == kInt64Min ? x : x - step; };
+  const auto above = [](int64_t x, int64_t step) { return x == kInt64Max ? x : x + step; };
+  if (op == Op::lt || op == Op::le || op == Op::eq) {
+    const int64_t step = op == Op::lt ? 1 : 0;
+    if (op == Op::lt && (b0.hi == kInt64Min || a0.lo == kInt64Max)) return false;
+    a.hi = std::min(a0.hi, below(b0.hi, step));
+    b.lo = std::max(b0.lo, above(a0.lo, step));
+  }
+  if (op == Op::gt || op == Op::ge || op == Op::eq) {
+    const int64_t step = op == Op::gt ? 1 : 0;
+    if (op == Op::gt && (a0.hi == kInt64Min || b0.lo == kInt64Max)) return false;
+    a.lo = std::max(a.lo, above(b0.lo, step));
+    b.hi = std::min(b.hi, below(a0.hi, step));
+  }
+  narrowed[node.args[0]] = narrowed[node.args[1]] = true;
+  return a.lo <= a.hi && b.lo <= b.hi;
+}
+
+// The range of where's branch `branch` (1 or 2) on the pairs that take it: the nodes after the
+// narrowed ones are ranged again from the narrowed ranges (those that do not depend on them keep
+// theirs; a table keeps its values). False when the branch is never taken.
+bool branch_range(const ProgramIr& ir, size_t n, int branch, const ProgramDomain& d,
+                  const Ranges& ranges, IntRange& out, F32Range& fout) {
+  const Node& node = ir.nodes[n];
+  Ranges taken = ranges;
+  std::vector<bool> touched(ir.nodes.size(), false);
+  if (!assume(ir, node.args[0], branch == 1, taken, touched)) return false;
+  const std::vector<bool> narrowed = touched;
+  const int32_t last = node.args[branch];
+  for (int32_t m = 0; m <= last; ++m) {
+    const Node& inner = ir.nodes[m];
+    bool depends = false;
+    for (int k = 0; k < 3; ++k) depends = depends || (inner.args[k] >= 0 && touched[inner.args[k]]);
+    if (!depends || narrowed[m]) continue;
+    touched[m] = true;
+    if (inner.op != Op::table) node_range(ir, m, d, taken);
+  }
+  out = taken.ints[last];
+  fout = taken.floats[last];
+  return true;
+}
+
+// where(c, x, y): the hull of x's range where c holds and y's range where it does not. Both sides
+// are evaluated everywhere (eager), but only the taken one is the value.
+void where_range(const ProgramIr& ir, size_t n, const ProgramDomain& d, Ranges& ranges) {
+  const Node& node = ir.nodes[n];
+  IntRange x = ranges.ints[node.args[1]], y = ranges.ints[node.args[2]];
+  F32Range fx = ranges.floats[node.args[1]], fy = ranges.floats[node.args[2]];
+  const bool x_taken = branch_range(ir, n, 1, d, ranges, x, fx);
+  const bool y_taken = branch_range(ir, n, 2, d, ranges, y, fy);
+  ranges.ints[n] = !y_taken ? x : !x_taken ? y : hull(x, y);
+  ranges.floats[n] = !y_taken ? fx : !x_taken ? fy : hull(fx, fy);
+}
+
 // The range of node n from its arguments' ranges.
 void node_range(const ProgramIr& ir, size_t n, const ProgramDomain& d, Ranges& ranges) {
   const Node& node = ir.nodes[n];
@@ -276,9 +352,7 @@ void node_range(const ProgramIr& ir, size_t n, const ProgramDomain& d, Ranges& r
       out = floor_range(fl(0));
       return;
     case Op::where:
-      out = hull(in(1), in(2));
-      fout = hull(fl(1), fl(2));
-      return;
+      return where_range(ir, n, d, ranges);
     default:
       break;
   }
