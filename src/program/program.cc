@@ -91,6 +91,17 @@ void check_tile(const char* what, int64_t nq, int64_t nk, const void* out) {
   if (out == nullptr) throw Error(std::string(what) + ": the output pointer is null");
 }
 
+void check_layout(const char* what, const ProgramTile& tile, const void* out) {
+  check_tile(what, tile.nq, tile.nk, out);
+  const int64_t row = tile.query_rows ? tile.nk : tile.nq;
+  if (tile.row_stride != 0 && tile.row_stride < row) {
+    throw Error(std::string(what) + ": row_stride=" + std::to_string(tile.row_stride) +
+                " is shorter than a row of the tile (" + (tile.query_rows ? "nk=" : "nq=") +
+                std::to_string(row) + (tile.query_rows ? " with query rows" : " with key rows") +
+                "); 0 means packed");
+  }
+}
+
 }  // namespace
 
 // ---- Program::check: the ranges of every node over the domain --------------------------------
@@ -449,14 +460,29 @@ void Program::mask_tile(int64_t b, int64_t h, int64_t q0, int64_t nq, int64_t kv
                         uint64_t* bits) const {
   if (ir_->kind != ProgramKind::mask) throw Error("Program::mask_tile needs a mask program");
   check_tile("Program::mask_tile", nq, nk, bits);
-  program::evaluate_tile(*ir_, {b, h, q0, nq, kv0, nk}, bits, nullptr);
+  program::evaluate_tile(*ir_, ProgramTile{b, h, q0, nq, kv0, nk}, bits, nullptr);
 }
 
 void Program::score_tile(int64_t b, int64_t h, int64_t q0, int64_t nq, int64_t kv0, int64_t nk,
                          float* s) const {
   if (ir_->kind != ProgramKind::score) throw Error("Program::score_tile needs a score program");
   check_tile("Program::score_tile", nq, nk, s);
-  program::evaluate_tile(*ir_, {b, h, q0, nq, kv0, nk}, nullptr, s);
+  program::evaluate_tile(*ir_, ProgramTile{b, h, q0, nq, kv0, nk}, nullptr, s);
+}
+
+void Program::score_tile(const ProgramTile& tile, float* s) const {
+  if (ir_->kind != ProgramKind::score) throw Error("Program::score_tile needs a score program");
+  check_layout("Program::score_tile", tile, s);
+  program::evaluate_tile(*ir_, tile, nullptr, s);
+}
+
+void Program::score_tile_backward(const ProgramTile& tile, const float* s, float* ds,
+                                  double* const* table_grads) const {
+  const char* what = "Program::score_tile_backward";
+  if (ir_->kind != ProgramKind::score) throw Error(std::string(what) + " needs a score program");
+  check_layout(what, tile, ds);
+  if (s == nullptr) throw Error(std::string(what) + ": the scores pointer is null");
+  program::evaluate_tile_backward(*ir_, tile, s, ds, table_grads);
 }
 
 }  // namespace maskattn
