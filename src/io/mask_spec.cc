@@ -270,7 +270,7 @@ class SpecParser {
     return value;
   }
 
-  // expr:PROGRAM[:NAME=FILE]... as a mask program (--mask) or a score program (--mod).
+  // expr:PROGRAM[:NAME=FILE]...: a mask program under --mask, a score program under --mod.
   void mask_program() {
     const auto [text, tables] = program_fields();
     Program program = compile(ProgramKind::mask, text, tables);
@@ -297,13 +297,13 @@ class SpecParser {
     return {fields[0], std::move(tables)};
   }
 
-  // A program of `kind`. When it fails to compile but is a program of the other kind, the error
-  // says which flag takes it rather than the type error the compiler found.
   static Program compile_as(ProgramKind kind, const std::string& text,
                             const std::vector<ProgramTable>& tables) {
     return kind == ProgramKind::mask ? Program::mask(text, tables) : Program::score(text, tables);
   }
 
+  // A program of `kind`. When it fails to compile but is a program of the other kind, the error
+  // says which flag takes it rather than the type error the compiler found.
   Program compile(ProgramKind kind, const std::string& text,
                   const std::vector<ProgramTable>& tables) const {
     const ProgramKind other = kind == ProgramKind::mask ? ProgramKind::score : ProgramKind::mask;
