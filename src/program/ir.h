@@ -179,6 +179,9 @@ struct Tile {
 };
 void evaluate_tile(const ProgramIr& ir, const Tile& tile, uint64_t* bits, float* s);
 std::string program_text(const ProgramIr& ir);  // text.cc
+// Program::check (program.cc): throws Error (E128) unless no evaluation anywhere in the domain can
+// index outside a table or divide by zero.
+void check_program(const ProgramIr& ir, const ProgramDomain& domain);
 
 // Errors raised while evaluating (shared by both evaluators, so the messages agree too).
 [[noreturn]] void throw_index_out_of_range(const ProgramIr& ir, const Node& node,
