@@ -34,6 +34,10 @@ std::vector<Case> catalogue(int64_t lq, int64_t lk) {
     }
   }
   for (int64_t n = 0; n < 2 * lq * lk; ++n) dense.push_back((n / 7) % 3 != 0);
+  std::vector<int64_t> doc;  // documents of 6 rows, over max(Lq, Lk) rows, for a program
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t t = 0; t < std::max(lq, lk); ++t) doc.push_back((t + 2 * b) / 6);
+  }
   std::vector<int64_t> global_q, global_k;  // the first token and every 9th of each sequence
   for (int64_t b = 0; b < 2; ++b) {
     for (int64_t i = 0; i < lq; ++i) global_q.push_back((i + b) % 9 == 0);
@@ -65,6 +69,13 @@ std::vector<Case> catalogue(int64_t lq, int64_t lk) {
       {"predicate", Mask().predicate([](int64_t b, int64_t h, int64_t i, int64_t j) {
          return (i / 3 + j / 4 + b + h) % 3 != 0;
        })},
+      {"program", Mask().program("(q // 3 + kv // 4 + b + h) % 3 != 0")},
+      {"program & causal & ragged",
+       Mask()
+           .causal()
+           .key_lengths({lk, lk / 2})
+           .program("doc[b, q] == doc[b, kv]",
+                    {ProgramTable::own("doc", doc, {2, std::max(lq, lk)})})},
       {"global & window", Mask().window(3, 1).global_tokens(Array<int64_t>({2, lq}, global_q),
                                                             Array<int64_t>({2, lk}, global_k))},
       {"global [L] & causal @1 & chunk",
@@ -79,8 +90,11 @@ std::vector<Case> catalogue(int64_t lq, int64_t lk) {
 }
 
 TEST(BlockMap, ClassificationsAgreeWithTheElementGrid) {
-  for (const auto& [lq, lk, tq, tk] :
-       {std::array<int64_t, 4>{23, 23, 4, 4}, {17, 31, 3, 5}, {31, 12, 8, 4}, {64, 64, 16, 16}}) {
+  for (const auto& [lq, lk, tq, tk] : {std::array<int64_t, 4>{23, 23, 4, 4},
+                                       {17, 31, 3, 5},
+                                       {31, 12, 8, 4},
+                                       {64, 64, 16, 16},
+                                       {130, 140, 100, 70}}) {
     for (const Case& c : catalogue(lq, lk)) {
       const MaskShape shape = {2, 3, lq, lk};
       const Array<uint8_t> allowed = allowed_pairs(c.mask, shape);

@@ -147,6 +147,12 @@ std::vector<std::pair<std::string, Mask>> sweep_masks(const RandomProblem& p) {
     for (int64_t c = 0; c < n_k32; ++c) bigbird_cut.push_back(bigbird.at(r, c));
   }
   const Array<int64_t> globals_q({p.B, p.Lq}, global_q), globals_k({p.B, p.Lk}, global_k);
+  // Documents of 37 rows for the program masks, over max(Lq, Lk) rows (q and kv are row indices).
+  const int64_t rows = std::max(p.Lq, p.Lk);
+  std::vector<int64_t> docs;
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t t = 0; t < rows; ++t) docs.push_back((t + b * 7) / 37);
+  }
   std::vector<float> additive(p.Lk);
   for (int64_t j = 0; j < p.Lk; ++j) additive[j] = j % 9 == 0 ? -INFINITY : 0.0f;
   return {
@@ -174,6 +180,13 @@ std::vector<std::pair<std::string, Mask>> sweep_masks(const RandomProblem& p) {
       {"predicate", Mask().predicate([](int64_t, int64_t h, int64_t i, int64_t j) {
          return (i + 2 * j + h) % 7 != 3;
        })},
+      {"program documents", Mask().program("(doc[b, q] == doc[b, kv]) & (kv <= q + 3)",
+                                           {ProgramTable::own("doc", docs, {p.B, rows})})},
+      {"program per head & padding",
+       Mask()
+           .key_lengths(std::vector<int64_t>(p.B, p.Lk - p.Lk / 5))
+           .program("((h % 2 == 0) & (kv <= q + 5) & (q - kv < 40)) | "
+                    "((h % 2 == 1) & ((q + 2 * kv + h) % 7 != 3))")},
       {"global & window(20,10)", Mask().window(20, 10).global_tokens(globals_q, globals_k)},
       {"causal & global@0 & padding & segments",
        Mask()

@@ -49,6 +49,14 @@ struct ProgramTable {
   static ProgramTable borrow(std::string name, const T* data, std::vector<int64_t> sizes) {
     return ProgramTable{std::move(name), data, type_of<T>(), std::move(sizes), {}, {}};
   }
+  // A table that owns its values (contiguous, row-major for sizes).
+  template <class T>
+  static ProgramTable own(std::string name, std::vector<T> values, std::vector<int64_t> sizes) {
+    auto owned = std::make_shared<const std::vector<T>>(std::move(values));
+    ProgramTable table = borrow(std::move(name), owned->data(), std::move(sizes));
+    table.owner = owned;
+    return table;
+  }
 
  private:
   template <class T>

@@ -1,4 +1,5 @@
 #include "mask/block_map.h"
+#include "mask/program_scan.h"
 
 #include <algorithm>
 #include <cmath>
@@ -194,22 +195,27 @@ void BlockMap::classify_layouts() {
       }
       return scanned;
     });
-    LayoutRows rows{kinds, {}};
-    for (int64_t row = 0; row < batch * heads * q_tiles_; ++row) {
-      TileRange range{0, 0};
-      const TileKind* first = kinds->kinds.data() + row * k_tiles_;
-      int64_t kt = 0;
-      while (kt < k_tiles_ && first[kt] == TileKind::empty) ++kt;
-      if (kt < k_tiles_) {
-        int64_t end = k_tiles_;
-        while (first[end - 1] == TileKind::empty) --end;
-        range = {kt, end};
-      }
-      rows.rows.push_back(range);
-    }
     scanned_.push_back(kinds);
-    layout_rows_.push_back(std::move(rows));
+    layout_rows_.push_back(rows_of(kinds));
   }
+}
+
+// Per row of the kinds (b, h, query tile): the key tiles from the first to the last non-empty one.
+BlockMap::LayoutRows BlockMap::rows_of(std::shared_ptr<const ScannedKinds> kinds) const {
+  LayoutRows rows{kinds, {}};
+  for (int64_t row = 0; row < kinds->batch * kinds->heads * q_tiles_; ++row) {
+    TileRange range{0, 0};
+    const TileKind* first = kinds->kinds.data() + row * k_tiles_;
+    int64_t kt = 0;
+    while (kt < k_tiles_ && first[kt] == TileKind::empty) ++kt;
+    if (kt < k_tiles_) {
+      int64_t end = k_tiles_;
+      while (first[end - 1] == TileKind::empty) --end;
+      range = {kt, end};
+    }
+    rows.rows.push_back(range);
+  }
+  return rows;
 }
 
 void BlockMap::scan_data_components() {
@@ -256,6 +262,16 @@ void BlockMap::scan_data_components() {
             (ref.predicate->allows(b, h, i, j) ? allowed : hidden) = true;
           });
     }));
+  }
+  // Programs: a tile at a time (mask_tile), over the axes the program reads; they bound the key
+  // tiles of each query tile as layouts do.
+  for (const ResolvedMask::ProgramRef& ref : mask.programs_) {
+    const int64_t batch = ref.program->depends_on_batch() ? shape.batch : 1;
+    const int64_t heads = ref.program->depends_on_head() ? shape.q_heads : 1;
+    auto kinds = cache.get(grid(), ref.component,
+                           [&] { return scan_program(*this, *ref.program, batch, heads); });
+    scanned_.push_back(kinds);
+    layout_rows_.push_back(rows_of(kinds));
   }
 }
 

@@ -67,8 +67,8 @@ class BlockMap {
     std::vector<int64_t> queries, keys;
     std::vector<Range> key_span;
   };
-  // Per block-sparse layout, per (b, h, query tile) of its scanned kinds: the key tiles from the
-  // first to the last non-empty one.
+  // Per block-sparse layout and mask program, per (b, h, query tile) of its scanned kinds: the key
+  // tiles from the first to the last non-empty one.
   struct LayoutRows {
     std::shared_ptr<const ScannedKinds> kinds;
     std::vector<TileRange> rows;
@@ -81,12 +81,13 @@ class BlockMap {
   ScanGrid grid() const;  // the cache key of this map's scans
   void count_global_tokens();
   void classify_layouts();
+  LayoutRows rows_of(std::shared_ptr<const ScannedKinds> kinds) const;
   // Global tokens allow pairs of the block the windows hide: full when every query or every key
   // of the block is global, partial when some is, empty otherwise.
   TileKind global_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_end, int64_t k_first,
                        int64_t k_end) const;
-  // Dense masks and predicates: their blocks classified by one scan of the data (cached in the
-  // Mask, so later calls for the same problem size do not rescan).
+  // Dense masks, predicates and programs: their blocks classified by one scan of the data (cached
+  // in the Mask, so later calls for the same problem size do not rescan).
   void scan_data_components();
   TileKind padding_kind(const component::Padding& padding, const PaddingCounts* counts, int64_t b,
                         int64_t first, int64_t end, int64_t length) const;

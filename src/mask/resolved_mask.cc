@@ -205,6 +205,11 @@ ResolvedMask::ResolvedMask(const Mask& mask, const MaskShape& call_shape, const 
                            broadcast_to_scores(additive->values.shape(), shape, label), n});
     } else if (const auto* predicate = std::get_if<component::Predicate>(&part)) {
       predicates_.push_back({predicate, n});
+    } else if (const auto* program = std::get_if<component::ProgramMask>(&part)) {
+      // Proven free of out-of-range reads over the whole problem before any evaluation, so the
+      // kernels' tile evaluations cannot fail half-way through a call.
+      program->program.check({shape.batch, shape.q_heads, shape.q_len, shape.k_len});
+      programs_.push_back({&program->program, n});
     }
   }
 
@@ -326,6 +331,14 @@ bool ResolvedMask::layouts_allow(int64_t b, int64_t h, int64_t i, int64_t j) con
 }
 
 bool ResolvedMask::elementwise_global(int64_t b, int64_t h, int64_t i, int64_t j) const {
+  if (!data_elementwise_global(b, h, i, j)) return false;
+  for (const ProgramRef& ref : programs_) {
+    if (!ref.program->allows(b, h, i, j)) return false;
+  }
+  return true;
+}
+
+bool ResolvedMask::data_elementwise_global(int64_t b, int64_t h, int64_t i, int64_t j) const {
   for (const component::Segments* segments : segments_) {
     if (segments->heads.contains(h) && segments->query_ids.at(b, i) != segments->key_ids.at(b, j)) {
       return false;

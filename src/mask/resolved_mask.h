@@ -53,7 +53,8 @@ class ResolvedMask {
   bool allowed(int64_t b, int64_t h, int64_t i, int64_t j) const {
     return allowed_global(b, h, i + q_origin_, j + k_origin_);
   }
-  // The per-element components alone: segments, dense keep/blocked, additive −inf, predicates.
+  // The per-element components alone: segments, dense keep/blocked, additive −inf, predicates,
+  // programs.
   bool allowed_elementwise(int64_t b, int64_t h, int64_t i, int64_t j) const {
     return elementwise_global(b, h, i + q_origin_, j + k_origin_);
   }
@@ -84,12 +85,21 @@ class ResolvedMask {
     const component::Predicate* predicate;
     size_t component;
   };
+  struct ProgramRef {
+    const Program* program;
+    size_t component;
+  };
 
   // The same questions at global rows (BlockMap and TileMaskBuilder work in global rows).
   int64_t global_qpos(int64_t b, int64_t row) const { return row + q_shift_[b]; }
   int64_t global_kpos(int64_t b, int64_t row) const { return row + k_shift_[b]; }
   bool allowed_global(int64_t b, int64_t h, int64_t i, int64_t j) const;
   bool elementwise_global(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  // The per-element components other than programs (which TileMaskBuilder evaluates by tiles).
+  bool data_elementwise_global(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  bool has_data_elementwise() const {
+    return !segments_.empty() || !dense_bool_.empty() || !additive_.empty() || !predicates_.empty();
+  }
   // The block-sparse layouts allow the pair (true when there are none).
   bool layouts_allow(int64_t b, int64_t h, int64_t i, int64_t j) const;
 
@@ -125,6 +135,7 @@ class ResolvedMask {
   std::vector<DenseRef> dense_bool_;
   std::vector<DenseRef> additive_;
   std::vector<PredicateRef> predicates_;
+  std::vector<ProgramRef> programs_;
   const Mask* mask_;
 };
 

@@ -1,5 +1,6 @@
 #include "mask/tile_mask.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace maskattn::detail {
@@ -15,9 +16,7 @@ uint64_t low_bits(int64_t count) {
 }  // namespace
 
 TileMaskBuilder::TileMaskBuilder(const ResolvedMask& mask)
-    : mask_(mask),
-      per_element_(!mask.segments_.empty() || !mask.spans_.empty() || !mask.dense_bool_.empty() ||
-                   !mask.additive_.empty() || !mask.predicates_.empty()) {}
+    : mask_(mask), per_element_(mask.has_data_elementwise() || !mask.spans_.empty()) {}
 
 uint64_t TileMaskBuilder::interval(int64_t lo, int64_t hi, int64_t q_first, int64_t q_count) {
   // lo and hi may be saturated (an unbounded window side): subtracting must saturate too.
@@ -138,10 +137,27 @@ void TileMaskBuilder::build(int64_t b, int64_t h, int64_t q_first, int64_t q_cou
       // Segments, dense masks, additive −inf and predicates: ask the evaluator per pair.
       for (int64_t i = 0; i < q_count; ++i) {
         const uint64_t bit = uint64_t{1} << i;
-        if ((bits & bit) && !mask_.elementwise_global(b, h, q_first + i, j)) bits &= ~bit;
+        if ((bits & bit) && !mask_.data_elementwise_global(b, h, q_first + i, j)) bits &= ~bit;
       }
     }
     allowed[n] = bits;
+  }
+  if (!mask_.programs_.empty()) and_programs(b, h, q_first, q_count, k_first, k_count, allowed);
+}
+
+// Programs give whole tiles of bit rows at once (Program::mask_tile, at most 64 keys a call).
+void TileMaskBuilder::and_programs(int64_t b, int64_t h, int64_t q_first, int64_t q_count,
+                                   int64_t k_first, int64_t k_count, uint64_t* allowed) const {
+  uint64_t bits[kMaxQueries];
+  for (int64_t k0 = 0; k0 < k_count; k0 += kMaxQueries) {
+    const int64_t nk = std::min(kMaxQueries, k_count - k0);
+    bool any = false;
+    for (int64_t n = 0; n < nk; ++n) any |= allowed[k0 + n] != 0;
+    if (!any) continue;  // the other components hide every pair of these keys
+    for (const ResolvedMask::ProgramRef& ref : mask_.programs_) {
+      ref.program->mask_tile(b, h, q_first, q_count, k_first + k0, nk, bits);
+      for (int64_t n = 0; n < nk; ++n) allowed[k0 + n] &= bits[n];
+    }
   }
 }
 

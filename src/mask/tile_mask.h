@@ -1,6 +1,7 @@
 // The element mask of one partial block, as bit rows: allowed[j] has bit i set iff query
 // q_first + i may attend key k_first + j. Structured components become intervals of queries per
-// key (O(1) per key); per-token arrays, dense masks and predicates are read per element.
+// key (O(1) per key); per-token arrays, dense masks and predicates are read per element; mask
+// programs are evaluated a tile at a time.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +33,10 @@ class TileMaskBuilder {
                       uint64_t global_query_bits) const;
   // The queries whose layout block pairs with key j's block, for every block-sparse layout.
   uint64_t layout_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t j) const;
+
+  // The bit rows of every mask program, ANDed into allowed[0, k_count) (global rows).
+  void and_programs(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t k_first,
+                    int64_t k_count, uint64_t* allowed) const;
 
   const ResolvedMask& mask_;
   bool per_element_;  // segments, spans, dense masks or predicates need a look at every pair
