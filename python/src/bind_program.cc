@@ -160,8 +160,28 @@ nb::list table_names(const Program& program) {
   return names;
 }
 
+// [(name, dtype, shape)]: what a caller allocating the tables' gradients needs.
+nb::list table_list(const Program& program) {
+  static const char* const kTypes[] = {"int64", "int32", "float32", "bool"};
+  nb::list list;
+  for (const ProgramTable& table : program.tables()) {
+    nb::list shape;
+    for (const int64_t size : table.sizes) shape.append(size);
+    list.append(nb::make_tuple(table.name, kTypes[static_cast<int>(table.type)], nb::tuple(shape)));
+  }
+  return list;
+}
+
 void bind_program_evaluation(nb::class_<Program>& cls) {
-  cls.def("allows", &Program::allows, arg("b"), arg("h"), arg("q"), arg("kv"),
+  cls.def(
+         "check",
+         [](const Program& self, int64_t batch, int64_t heads, int64_t q_len, int64_t k_len) {
+           self.check(ProgramDomain{batch, heads, q_len, k_len});
+         },
+         arg("batch"), arg("heads"), arg("q_len"), arg("k_len"),
+         "Raises maskattn.Error (E128) unless no evaluation over the problem can index outside "
+         "a table or divide by zero.")
+      .def("allows", &Program::allows, arg("b"), arg("h"), arg("q"), arg("kv"),
           "A mask program's value for one pair (the scalar reference evaluator).")
       .def(
           "score_of",
@@ -220,6 +240,7 @@ void bind_programs(nb::module_& m) {
       .def_prop_ro("text", &Program::text)
       .def_prop_ro("node_count", &Program::node_count)
       .def_prop_ro("table_names", &table_names)
+      .def_prop_ro("tables", &table_list, "[(name, dtype, shape)] in the program's order")
       .def_prop_ro("depends_on_batch", &Program::depends_on_batch)
       .def_prop_ro("depends_on_head", &Program::depends_on_head)
       .def_prop_ro("depends_on_score", &Program::depends_on_score)
