@@ -10,6 +10,9 @@ Design:
   autograd where its bias came from. :class:`ScoreMods` here mirrors its constructor but keeps the
   torch tensors: a ``bias`` or ``sinks`` tensor that requires grad is an input of the Function and
   receives ∂L/∂bias (reduced to its own shape by the C++ backward) and ∂L/∂sinks.
+* A score program's float32 tables (a learned relative-position table captured by a traced
+  ``score_mod``) are inputs of the Function too, read in place by the C++ program; the backward
+  returns their gradients (``Gradients::dtables``, the scatter-add of every pair's reads).
 * When nothing requires grad (inference, ``torch.no_grad()``), the Function is bypassed: the call
   goes straight to the C++ forward, without autograd bookkeeping.
 * The C++ results do not depend on the thread count, so neither do these.
@@ -92,6 +95,7 @@ class Call(NamedTuple):
     scale: Optional[float]
     layout: str
     threads: Optional[int]
+    table_names: tuple = ()  # mods.program's tables given to the Function, in its order
 
 
 def core_mods_of(mods):
@@ -170,16 +174,19 @@ def _release_saved_calls():
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """(q, k, v, bias, sinks) → (out, lse); lse is not differentiable."""
+    """(q, k, v, bias, sinks, *program tables) → (out, lse); lse is not differentiable."""
 
     @staticmethod
-    def forward(ctx, query, key, value, bias, sinks, call: Call):
+    def forward(ctx, query, key, value, bias, sinks, call: Call, *tables):
         out, lse = _forward(query, key, value, call)
-        ctx.save_for_backward(query, key, value, out, lse)
+        # The tables are saved only so that autograd refuses a backward after they were changed
+        # in place (the program reads them again then).
+        ctx.save_for_backward(query, key, value, out, lse, *tables)
         ctx.saved_call = _SavedCall(call)
         _live_saved_calls.add(ctx.saved_call)
         ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
         ctx.sinks_meta = None if sinks is None else (sinks.shape, sinks.dtype)
+        ctx.table_metas = [(t.shape, t.dtype) for t in tables]
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -190,15 +197,21 @@ class _AttentionFunction(torch.autograd.Function):
                 "maskattn has no double backward: its gradients are not differentiable "
                 "(backward with create_graph=True through maskattn attention)"
             )
-        query, key, value, out, lse = ctx.saved_tensors
+        query, key, value, out, lse = ctx.saved_tensors[:5]
         call = ctx.saved_call.call
-        dq, dk, dv, dbias, dsinks = _api.attention_backward(
+        wants_tables = any(ctx.needs_input_grad[6:])
+        grads = _api.attention_backward(
             query, key, value, out, lse, dout, call.mask, call.mods, scale=call.scale,
             layout=call.layout, threads=call.threads, return_mod_grads=True,
+            return_table_grads=wants_tables,
         )
+        dq, dk, dv, dbias, dsinks = grads[:5]
+        dtables = grads[5] if wants_tables else {}
         bias_grad = _mod_grad(dbias, ctx.bias_meta, ctx.needs_input_grad[3])
         sinks_grad = _mod_grad(dsinks, ctx.sinks_meta, ctx.needs_input_grad[4])
-        return dq, dk, dv, bias_grad, sinks_grad, None
+        table_grads = [_mod_grad(dtables.get(name), meta, needed) for name, meta, needed in
+                       zip(call.table_names, ctx.table_metas, ctx.needs_input_grad[6:])]
+        return (dq, dk, dv, bias_grad, sinks_grad, None, *table_grads)
 
 
 def _mod_grad(grad, meta, needed):
@@ -222,12 +235,14 @@ def _needs_autograd(*tensors) -> bool:
     return any(t is not None and t.requires_grad for t in tensors)
 
 
-def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None, want_lse=True):
+def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None, want_lse=True,
+                      tables=()):
     """(out, lse) with autograd when any input requires grad; ``bias``/``sinks`` are the torch
-    tensors whose float32 copies ``call.mods`` holds. Without autograd and ``want_lse=False``,
-    lse is None (not computing it saves an allocation: a few µs of a decoding step)."""
-    if _needs_autograd(query, key, value, bias, sinks):
-        return _AttentionFunction.apply(query, key, value, bias, sinks, call)
+    tensors whose float32 copies ``call.mods`` holds, ``tables`` the tensors its program reads
+    (named by ``call.table_names``, in order). Without autograd and ``want_lse=False``, lse is
+    None (not computing it saves an allocation: a few µs of a decoding step)."""
+    if _needs_autograd(query, key, value, bias, sinks, *tables):
+        return _AttentionFunction.apply(query, key, value, bias, sinks, call, *tables)
     if want_lse:
         return _forward(query, key, value, call)
     return _forward(query, key, value, call, return_lse=False), None
