@@ -162,7 +162,8 @@ def _block_table(num_blocks, indices, rows, cols):
     grid.scatter_(-1, columns, True)
     grid = grid[..., :rows, :cols]
     table_batch, table_heads = grid.shape[0], grid.shape[1]
-    return grid.reshape(table_batch * table_heads, rows, cols).contiguous(), table_batch, table_heads
+    table = grid.reshape(table_batch * table_heads, rows, cols).contiguous()
+    return table, table_batch, table_heads
 
 
 def _block_read(name, table, block_size):

@@ -6,7 +6,7 @@ an expression program (include/maskattn/program.h: b, h, q, kv, s, literals, tab
 This module turns the Python function into one, as torch.compile's tracing does for PyTorch's
 own kernels: the function is called **once**, with traced values in place of b, h, q_idx,
 kv_idx (and the score), and every operation on them records its program text instead of
-computing (_torch_trace_ops has the operations). Real tensors the function indexes with a traced
+computing (_torch_trace_values has the values, _torch_trace_ops the operations). Real tensors the function indexes with a traced
 value (``document_id[q_idx]``, ``rel[h, q_idx - kv_idx + L]``) are captured as the program's
 tables, by reference: named after the variable that holds them where the indexing happens
 (else t0, t1, …), one table per tensor however often it is read.
@@ -29,7 +29,8 @@ from typing import List, NamedTuple, Tuple
 import torch
 
 from . import _core
-from . import _torch_trace_ops as ops
+from . import _torch_trace_ops  # noqa: F401  (registers the operations in values.HANDLERS)
+from . import _torch_trace_values as values
 
 Error = _core.Error
 
@@ -39,7 +40,8 @@ _TABLE_DTYPES = (torch.int64, torch.int32, torch.float32, torch.bool)
 _RESERVED = frozenset({"b", "h", "q", "kv", "s", "where", "min", "max", "abs", "exp", "log",
                        "tanh", "sigmoid", "floor"})
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_PLUMBING = {os.path.abspath(__file__), os.path.abspath(ops.__file__)} | {
+_PLUMBING = {os.path.abspath(m.__file__) for m in (sys.modules[__name__], values,
+                                                    _torch_trace_ops)} | {
     os.path.join(os.path.dirname(torch.__file__), name) for name in ("_tensor.py", "overrides.py")}
 _ADVICE = ("maskattn traces it once with symbolic b, h, q_idx, kv_idx (and score), as "
            "torch.compile does")
@@ -62,7 +64,7 @@ class TracedProgram(NamedTuple):
 def trace_mask_mod(mask_mod) -> TracedProgram:
     """``mask_mod(b, h, q_idx, kv_idx) → bool`` as a mask program."""
     trace = Trace(mask_mod, "mask_mod")
-    result = trace.call(*(ops.Traced(trace, name, "int") for name in ("b", "h", "q", "kv")))
+    result = trace.call(*(values.Traced(trace, name, "int") for name in ("b", "h", "q", "kv")))
     if result.kind != "bool":
         raise Error(f"mask_mod returned an {result.kind} value ({result.text}); it must return "
                     f"a bool tensor (True = attend)")
@@ -72,8 +74,8 @@ def trace_mask_mod(mask_mod) -> TracedProgram:
 def trace_score_mod(score_mod) -> TracedProgram:
     """``score_mod(score, b, h, q_idx, kv_idx) → score`` as a score program."""
     trace = Trace(score_mod, "score_mod")
-    args = [ops.Traced(trace, "s", "float")]
-    args += [ops.Traced(trace, name, "int") for name in ("b", "h", "q", "kv")]
+    args = [values.Traced(trace, "s", "float")]
+    args += [values.Traced(trace, name, "int") for name in ("b", "h", "q", "kv")]
     result = trace.call(*args)
     if result.kind == "bool":
         raise Error(f"score_mod returned a bool value ({result.text}); it must return the "
@@ -135,7 +137,7 @@ class Trace:
         self._names = {}  # id(tensor) → table name
         self._captured = []  # the tensors, alive while tracing so that ids stay unique
 
-    def call(self, *args) -> ops.Traced:
+    def call(self, *args) -> values.Traced:
         try:
             result = self.function(*args)
         except Error:
@@ -148,9 +150,9 @@ class Trace:
             kind = "bool" if self.role == "mask_mod" else "floating"
             raise Error(f"{self.role} returned a tensor of shape {list(result.shape)}; it must "
                         f"return one {kind} value per (b, h, q_idx, kv_idx), a 0-d tensor")
-        if not isinstance(result, (ops.Traced, torch.Tensor, bool, int, float)):
+        if not isinstance(result, (values.Traced, torch.Tensor, bool, int, float)):
             raise Error(f"{self.role} returned {type(result).__name__}; it must return a tensor")
-        return ops.value(self, result)
+        return values.value(self, result)
 
     # ---- tables ---------------------------------------------------------------------------------
 

@@ -74,7 +74,8 @@ ProgramTableType table_type(const nb::dlpack::dtype dtype, const std::string& wh
     if (code == nb::dlpack::dtype_code::Bool && dtype.bits == 8) return ProgramTableType::boolean;
   }
   const char* kinds[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
-  const std::string name = dtype.code < 7 ? kinds[dtype.code] : "code " + std::to_string(dtype.code);
+  const std::string name =
+      dtype.code < 7 ? kinds[dtype.code] : "code " + std::to_string(dtype.code);
   throw Error(what + " (shape " + shape + ") has dtype " + name +
               (code == nb::dlpack::dtype_code::Bool ? "" : std::to_string(dtype.bits)) +
               "; program tables hold int64, int32, float32 or bool: convert it (.float() or "
