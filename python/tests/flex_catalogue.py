@@ -172,9 +172,10 @@ def leaky_branch(score, b, h, q_idx, kv_idx):
     return torch.where(score > 0, score, 0.5 * score)
 
 
-def batch_head_bias(bias):
+def key_bias(bias):
+    """A learned bias per (sequence, head, key): bias [B, H, L], a 3-D table."""
     def bias_mod(score, b, h, q_idx, kv_idx):
-        return score + bias[b, h]
+        return score + bias[b, h, kv_idx]
     return bias_mod
 
 
@@ -185,14 +186,14 @@ SCORE_MODS = {
     "t5_bias": t5_bias,
     "gate": gated,
     "score_branch": lambda: leaky_branch,
-    "batch_head_bias": batch_head_bias,
+    "key_bias": key_bias,
 }
 # The learned tables of each score_mod (float32, drawn once; tests set requires_grad).
 SCORE_TABLES = {
     "relative_bias": lambda: [torch.randn(H, 2 * L - 1, generator=_generator(21)) * 0.5],
     "t5_bias": lambda: [torch.randn(32, H, generator=_generator(22)) * 0.5],
     "gate": lambda: [torch.rand(H, generator=_generator(23)) + 0.5],
-    "batch_head_bias": lambda: [torch.randn(B, H, generator=_generator(24))],
+    "key_bias": lambda: [torch.randn(B, H, L, generator=_generator(24))],
 }
 
 

@@ -78,8 +78,9 @@ def test_tables_are_named_after_their_variables_and_captured_once():
     traced = trace_mask_mod(MASK_MODS["document"]())
     assert [name for name, _ in traced.tables] == ["document_id", "offsets"]
     assert traced.tables[0][1].dtype == torch.int32
-    assert traced.program().text == ("(document_id[q] == document_id[kv]) & "
-                                     "(q - offsets[document_id[q]] >= kv - offsets[document_id[kv]])")
+    assert traced.program().text == (
+        "(document_id[q] == document_id[kv]) & "
+        "(q - offsets[document_id[q]] >= kv - offsets[document_id[kv]])")
     rel, = SCORE_TABLES["relative_bias"]()
     traced = trace_score_mod(score_mod_of("relative_bias", [rel]))
     assert traced.program().text == f"s + rel[h, q - kv + {L} - 1]"
@@ -202,9 +203,9 @@ def test_P70_operation_outside_the_language(construct, score_mod):
 def test_P71_captured_tensor_device_and_dtype():
     halves = torch.zeros(8, dtype=torch.float16)
     with pytest.raises(maskattn.Error, match=r"score_mod captures a tensor of shape \[8\] of dtype "
-                                             r"torch.float16 at test_torch_trace.py:\d+ .*; program "
-                                             r"tables are torch.int64, torch.int32, torch.float32 "
-                                             r"or torch.bool"):
+                                             r"torch.float16 at test_torch_trace.py:\d+ .*; "
+                                             r"program tables are torch.int64, torch.int32, "
+                                             r"torch.float32 or torch.bool"):
         trace_score_mod(lambda s, b, h, q, kv: s + halves[q])
     meta = torch.zeros(8, dtype=torch.int64, device="meta")
     with pytest.raises(maskattn.Error, match=r"mask_mod captures a tensor of shape \[8\] on meta "
