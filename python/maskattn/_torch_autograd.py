@@ -33,29 +33,37 @@ from . import _api, _core
 Error = _core.Error
 
 __all__ = ["ScoreMods", "attention", "attention_and_lse", "Call", "COMPUTE_DTYPES", "check_mask",
-           "check_tensors", "core_mods_of"]
+           "check_tensors", "core_mods_of", "program_tables_of"]
 
 
 class ScoreMods:
     """``maskattn.ScoreMods`` for PyTorch: the same keywords, but ``bias`` and ``sinks`` may be
-    torch tensors that require grad, and then receive gradients.
+    torch tensors that require grad, and then receive gradients, and so may the float32 tables
+    of a ``program`` given as (text, {name: tensor}).
 
     ``bias`` broadcasts to [B, Hq, Lq, Lk] (rank ≤ 4) and is added to the scaled scores;
     ``sinks`` is [Hq]; ``softcap``, ``alibi_slopes``, ``threshold`` and ``score_fn`` are passed to
-    the C++ modifiers unchanged (docs/semantics.md §5 gives the order).
+    the C++ modifiers unchanged (docs/semantics.md §5 gives the order); ``program`` (a score
+    program: its text, (text, tables) or a maskattn.Program) too, its tables read in place.
     """
 
     def __init__(self, *, softcap=None, alibi_slopes=None, bias=None, score_fn=None,
-                 threshold=None, sinks=None):
+                 threshold=None, sinks=None, program=None):
         self.softcap = softcap
         self.alibi_slopes = alibi_slopes
         self.bias = bias
         self.score_fn = score_fn
         self.threshold = threshold
         self.sinks = sinks
+        self.program = program
 
     def core(self) -> _core.ScoreMods:
-        """The C++ modifiers holding a float32 copy of the current bias and sinks values."""
+        """The C++ modifiers holding a float32 copy of the current bias and sinks values (a
+        program's tables are read in place)."""
+        program = self.program
+        if isinstance(program, tuple) and len(program) == 2 and isinstance(program[1], dict):
+            program = (program[0], {name: table.detach() if isinstance(table, torch.Tensor)
+                                    else table for name, table in program[1].items()})
         return _core.ScoreMods(
             softcap=self.softcap,
             alibi_slopes=_float32_values(self.alibi_slopes),
@@ -63,11 +71,22 @@ class ScoreMods:
             score_fn=self.score_fn,
             threshold=self.threshold,
             sinks=_float32_values(self.sinks),
+            program=program,
         )
+
+    def program_tables(self):
+        """(names, tensors): the torch tensors among the program's tables, which the autograd
+        Function takes as inputs (the float32 ones that require grad get gradients)."""
+        if not (isinstance(self.program, tuple) and len(self.program) == 2
+                and isinstance(self.program[1], dict)):
+            return (), []
+        tables = [(n, t) for n, t in self.program[1].items() if isinstance(t, torch.Tensor)]
+        return tuple(n for n, _ in tables), [t for _, t in tables]
 
     def __repr__(self):
         parts = []
-        for name in ("softcap", "alibi_slopes", "bias", "score_fn", "threshold", "sinks"):
+        for name in ("softcap", "alibi_slopes", "bias", "score_fn", "threshold", "sinks",
+                     "program"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -96,6 +115,11 @@ class Call(NamedTuple):
     layout: str
     threads: Optional[int]
     table_names: tuple = ()  # mods.program's tables given to the Function, in its order
+
+
+def program_tables_of(mods):
+    """(names, tensors) of the torch tables of a maskattn.torch.ScoreMods' program."""
+    return mods.program_tables() if isinstance(mods, ScoreMods) else ((), [])
 
 
 def core_mods_of(mods):
@@ -263,6 +287,8 @@ def attention(query, key, value, mask=None, mods=None, *, scale=None, layout="bh
     check_tensors((("query", query), ("key", key), ("value", value)))
     check_mask(mask)
     core_mods, bias, sinks = core_mods_of(mods)
-    call = Call(mask, core_mods, scale, layout, threads)
-    out, _ = attention_and_lse(query, key, value, call, bias, sinks, want_lse=False)
+    names, tables = program_tables_of(mods)
+    call = Call(mask, core_mods, scale, layout, threads, names)
+    out, _ = attention_and_lse(query, key, value, call, bias, sinks, want_lse=False,
+                               tables=tables)
     return out
