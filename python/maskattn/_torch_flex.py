@@ -57,10 +57,21 @@ class BlockMask:
     def to_dense(self) -> torch.Tensor:
         """The block-level mask [B, H, ⌈Q_LEN/BLOCK⌉, ⌈KV_LEN/BLOCK⌉] (int32, 1 = the block holds
         an allowed pair), like PyTorch's ``BlockMask.to_dense()``; from the tile scan, with no
-        element-level mask."""
+        element-level mask. Blocks of a multiple of 64 are read from the 64 × 64 tile scan the
+        Mask caches (and the kernels use), so inspecting costs no second scan."""
         block_q, block_k = self.BLOCK_SIZE
-        blocks = _api.block_map(self.mask, *self.shape, tile_q=block_q, tile_k=block_k)
-        return torch.from_numpy(blocks != 0).to(torch.int32)
+        tile_q = 64 if block_q % 64 == 0 else block_q
+        tile_k = 64 if block_k % 64 == 0 else block_k
+        tiles = torch.from_numpy(
+            _api.block_map(self.mask, *self.shape, tile_q=tile_q, tile_k=tile_k) != 0)
+        group_q, group_k = block_q // tile_q, block_k // tile_k
+        batch, heads, rows, cols = tiles.shape
+        padded = torch.zeros(batch, heads, -(-rows // group_q) * group_q,
+                             -(-cols // group_k) * group_k, dtype=torch.bool)
+        padded[:, :, :rows, :cols] = tiles
+        blocks = padded.reshape(batch, heads, padded.shape[2] // group_q, group_q,
+                                padded.shape[3] // group_k, group_k)
+        return blocks.any(dim=5).any(dim=3).to(torch.int32)
 
     def sparsity(self) -> float:
         """The percentage of blocks with no allowed pair (skipped), as PyTorch reports it."""
