@@ -56,9 +56,12 @@ class TracedProgram(NamedTuple):
     tables: List[Tuple[str, torch.Tensor]]
 
     def program(self) -> _core.Program:
-        """The compiled program, reading each table in place (through .detach())."""
+        """The compiled program, reading each table in place (through .detach()). It is
+        compiled from its canonical text (the traced text has a parenthesis per operation), so
+        that the library's messages quote the readable form."""
         compile_as = _core.Program.mask if self.kind == "mask" else _core.Program.score
-        return compile_as(self.text, **{name: tensor.detach() for name, tensor in self.tables})
+        tables = {name: tensor.detach() for name, tensor in self.tables}
+        return compile_as(compile_as(self.text, **tables).text, **tables)
 
 
 def trace_mask_mod(mask_mod) -> TracedProgram:

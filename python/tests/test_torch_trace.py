@@ -239,3 +239,14 @@ def test_P72_captured_tensor_indexing():
     for score_mod, message in cases:
         with pytest.raises(maskattn.Error, match="score_mod " + message):
             trace_score_mod(score_mod)
+
+
+def test_an_index_outside_a_table_is_an_error_never_a_read():
+    """PyTorch would wrap a negative traced index or read past the end; a program refuses
+    (E128 before computing, or E126 at the read), quoting the readable text."""
+    doc = torch.zeros(100, dtype=torch.long)
+    x = torch.randn(1, 1, 100, 16)
+    with pytest.raises(maskattn.Error, match=r"program `doc\[q \+ 10\] == doc\[kv\]`.*doc"):
+        block_mask = mt.create_block_mask(lambda b, h, q, kv: doc[q + 10] == doc[kv],
+                                          None, None, 100, 100)
+        mt.flex_attention(x, x, x, block_mask=block_mask)
