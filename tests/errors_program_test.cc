@@ -1,5 +1,5 @@
 // The bad-input catalogue's rows for expression programs (maskattn/program.h; docs/errors.md
-// E123–E126), compiled into errors_test so that its catalogue check sees them.
+// E123–E126, E128), compiled into errors_test so that its catalogue check sees them.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -81,6 +81,29 @@ TEST(Errors, E126_ProgramEvaluation) {
             "program `q // (kv - 2) >= 0`, column 3: 5 // 0: integer division by zero");
   EXPECT_EQ(message_of([&] { program.mask_tile(0, 0, 0, 65, 0, 1, bits); }),
             "Program::mask_tile: a tile has 1 to 64 queries and keys, got nq=65, nk=1");
+}
+
+TEST(Errors, E128_ProgramCheck) {
+  std::vector<float> rel(4 * 1024);
+  const Program bias =
+      Program::score("rel[h, q - kv] * s", {ProgramTable::borrow("rel", rel.data(), {4, 1024})});
+  EXPECT_EQ(message_of([&] {
+              bias.check({1, 4, 1024, 1024});
+            }),
+            "program `rel[h, q - kv] * s`, column 1: index 1 of table rel[4,1024] ranges over "
+            "[-1023, 1023] on the problem (b < 1, h < 4, q < 1024, kv < 1024); it must stay "
+            "inside [0, 1024): clamp it (e.g. min(max(x, 0), 1023)) or size the table");
+  EXPECT_EQ(message_of([&] {
+              Program::mask("q // (kv - 2) >= 0").check({1, 1, 8, 8});
+            }),
+            "program `q // (kv - 2) >= 0`, column 3: the divisor of // ranges over [-2, 5] on the "
+            "problem (b < 1, h < 1, q < 8, kv < 8), which includes 0: keep it away from 0 (e.g. "
+            "max(x, 1))");
+  EXPECT_EQ(message_of([&] {
+              bias.check({1, -4, 1024, 1024});
+            }),
+            "program `rel[h, q - kv] * s`: Program::check needs a domain of sizes >= 0, got "
+            "batch=1, heads=-4, q_len=1024, k_len=1024");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // promotes a mixed pair to f32; / and exp/log/tanh/sigmoid promote to f32; // and % take int64;
 // comparisons take two numbers, == and != also two bools; & | ~ take bools; where takes a bool and
 // two bools or two numbers; floor takes a number and gives int64; table indices are int64.
+#include <bit>
 #include <string>
 #include <vector>
 
@@ -81,7 +82,22 @@ void fail(const ProgramIr& ir, int column, const std::string& what) {
   throw Error("program `" + ir.source + "`, column " + std::to_string(column) + ": " + what);
 }
 
+// Common subexpressions are shared: a node equal to an earlier one (same operation, type, arguments
+// and value; the column aside) is that node, so `q - kv` written twice is computed once by both
+// evaluators, and Program::check sees one node where a where's condition and its branch test the
+// same expression (program.cc narrows the branch's range by the condition). Sharing cannot change
+// a value or an error: nodes are pure, and the first of equal nodes is the one that would raise.
+// A linear search: programs are a few dozen nodes.
 int32_t Builder::push(Node node) {
+  for (size_t n = 0; n < ir_.nodes.size(); ++n) {
+    const Node& old = ir_.nodes[n];
+    if (old.op == node.op && old.type == node.type && old.table == node.table &&
+        old.args[0] == node.args[0] && old.args[1] == node.args[1] && old.args[2] == node.args[2] &&
+        old.int_value == node.int_value &&
+        std::bit_cast<uint32_t>(old.float_value) == std::bit_cast<uint32_t>(node.float_value)) {
+      return static_cast<int32_t>(n);
+    }
+  }
   ir_.nodes.push_back(node);
   return static_cast<int32_t>(ir_.nodes.size()) - 1;
 }
@@ -164,8 +180,9 @@ int32_t Builder::fold(int32_t index) {
   constant.column = node.column;
   constant.int_value = node.type == Type::f32 ? 0 : value.i;
   constant.float_value = node.type == Type::f32 ? value.f : 0;
-  ir_.nodes[index] = constant;  // the arguments become unreachable; finish() drops them
-  return index;
+  // The folded node and its arguments become unreachable (finish() drops them); an equal constant
+  // already present is shared.
+  return push(constant);
 }
 
 int32_t Builder::unary(Op op, int32_t operand, int column) {

@@ -106,7 +106,8 @@ Scalar apply(const ProgramIr& ir, const Node& node, const Scalar* args) {
 
 // The scalar evaluation of the whole program; the caller reads the last value.
 Scalar evaluate_scalar(const ProgramIr& ir, float s, int64_t b, int64_t h, int64_t q, int64_t kv) {
-  std::vector<Scalar> values(ir.nodes.size());
+  thread_local std::vector<Scalar> values;  // grown once per thread: no allocation per pair
+  values.assign(ir.nodes.size(), Scalar{});
   for (size_t n = 0; n < ir.nodes.size(); ++n) {
     const Node& node = ir.nodes[n];
     Scalar args[3];

@@ -174,11 +174,15 @@ Scalar apply(const ProgramIr& ir, const Node& node, const Scalar* args);
 // The evaluators: the whole program for one pair (eval_scalar.cc; the last node's value), and
 // for one tile (eval_tile.cc; writes bits for a mask program, maps s for a score program).
 Scalar evaluate_scalar(const ProgramIr& ir, float s, int64_t b, int64_t h, int64_t q, int64_t kv);
-struct Tile {
-  int64_t b = 0, h = 0, q0 = 0, nq = 0, kv0 = 0, nk = 0;
-};
-void evaluate_tile(const ProgramIr& ir, const Tile& tile, uint64_t* bits, float* s);
+// A mask tile is always key rows (bits), a score tile either layout (s, mapped in place).
+void evaluate_tile(const ProgramIr& ir, const ProgramTile& tile, uint64_t* bits, float* s);
+// eval_tile.cc: score_tile's reverse mode (Program::score_tile_backward).
+void evaluate_tile_backward(const ProgramIr& ir, const ProgramTile& tile, const float* s, float* ds,
+                            double* const* table_grads);
 std::string program_text(const ProgramIr& ir);  // text.cc
+// Program::check (program.cc): throws Error (E128) unless no evaluation anywhere in the domain can
+// index outside a table or divide by zero.
+void check_program(const ProgramIr& ir, const ProgramDomain& domain);
 
 // Errors raised while evaluating (shared by both evaluators, so the messages agree too).
 [[noreturn]] void throw_index_out_of_range(const ProgramIr& ir, const Node& node,
