@@ -237,8 +237,7 @@ def new(fill):
     """x.new_zeros(()), x.new_ones(()), x.new_full((), v): 0-d constants (and_masks and
     or_masks start from one)."""
     def handler(trace, x, size=(), *args, dtype=None, **kwargs):
-        size = kwargs.pop("size", size)
-        if tuple(size) != ():
+        if isinstance(size, int) or tuple(size) != ():
             trace.unsupported(f".new_*() of size {tuple(size)} (a traced value is 0-d)")
         return like(fill)(trace, x, *args, dtype=dtype)
     return handler
