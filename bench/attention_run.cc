@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   app.add_option("--mask", c.mask,
                  "none | causal | window:W | padded | longformer:W:G[:spread] | "
                  "bigbird:BLOCK:S:G:R | dense-longformer:… | dense-bigbird:…");
+  app.add_option("--mods", c.mods, "none | relative-program");
   app.add_option("--dtype", dtype, "f32 | f16 | bf16");
   app.add_option("--kernel", kernel, "fused | reference | auto");
   app.add_option("--threads", threads);

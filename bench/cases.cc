@@ -17,6 +17,27 @@ std::vector<int64_t> padded_lengths(const Case& c) {
   return lengths;
 }
 
+namespace {
+
+// Packed documents of N tokens and causal: documents:N as Mask::segments, documents-program:N as
+// the mask program FlexAttention users write.
+Mask documents(const Case& c) {
+  const bool program = c.mask.rfind("documents-program:", 0) == 0;
+  const int64_t size = std::stoll(c.mask.substr(c.mask.find(':') + 1));
+  if (c.q_len != c.k_len || size < 1) throw Error("documents:N needs Lq == Lk and N >= 1");
+  std::vector<int64_t> ids(c.q_len);
+  for (int64_t t = 0; t < c.q_len; ++t) ids[t] = t / size;
+  if (program) {
+    return Mask().program("(doc[q] == doc[kv]) & (q >= kv)",
+                          {ProgramTable::own("doc", std::move(ids), {c.q_len})});
+  }
+  std::vector<int64_t> all;
+  for (int64_t b = 0; b < c.batch; ++b) all.insert(all.end(), ids.begin(), ids.end());
+  return Mask().causal().segments(Array<int64_t>({c.batch, c.q_len}, std::move(all)));
+}
+
+}  // namespace
+
 Mask make_mask(const Case& c) {
   if (is_sparse_mask(c.mask)) return make_sparse_mask(c);
   if (c.mask == "none") return Mask();
@@ -26,7 +47,24 @@ Mask make_mask(const Case& c) {
     if (c.q_len != c.k_len) throw Error("padded benchmark needs Lq == Lk");
     return Mask().key_lengths(padded_lengths(c)).query_lengths(padded_lengths(c));
   }
-  throw Error("unknown benchmark mask '" + c.mask + "' (none, causal, window:W, padded)");
+  if (c.mask.rfind("documents", 0) == 0) return documents(c);
+  throw Error("unknown benchmark mask '" + c.mask +
+              "' (none, causal, window:W, padded, documents:N, documents-program:N)");
+}
+
+ScoreMods make_mods(const Case& c) {
+  ScoreMods mods;
+  if (c.mods == "none") return mods;
+  if (c.mods != "relative-program") {
+    throw Error("unknown benchmark mods '" + c.mods + "' (none, relative-program)");
+  }
+  const int64_t span = c.q_len + c.k_len - 1;
+  std::vector<float> rel(c.heads * span);
+  detail::SplitMix64 random(6);
+  for (float& x : rel) x = static_cast<float>(random.uniform(-0.5, 0.5));
+  mods.program = Program::score("s + rel[h, q - kv + " + std::to_string(c.k_len - 1) + "]",
+                                {ProgramTable::own("rel", std::move(rel), {c.heads, span})});
+  return mods;
 }
 
 // Exact for every mask, dense or sparse, and O(tiles): the library's count_allowed.
@@ -64,6 +102,7 @@ std::vector<uint16_t> filled(int64_t count, DType dtype, uint64_t seed) {
 Tensors::Tensors(const Case& c)
     : case_(c),
       mask_(make_mask(c)),
+      mods_(make_mods(c)),
       q_(filled(c.batch * c.heads * c.q_len * c.dim, c.dtype, 1)),
       k_(filled(c.batch * c.kv_heads * c.k_len * c.dim, c.dtype, 2)),
       v_(filled(c.batch * c.kv_heads * c.k_len * c.dim, c.dtype, 3)),
@@ -74,8 +113,8 @@ void Tensors::run(const Options& options) {
   attention(TensorView(q_.data(), c.dtype, {c.batch, c.heads, c.q_len, c.dim}),
             TensorView(k_.data(), c.dtype, {c.batch, c.kv_heads, c.k_len, c.dim}),
             TensorView(v_.data(), c.dtype, {c.batch, c.kv_heads, c.k_len, c.dim}),
-            MutableTensorView(out_.data(), c.dtype, {c.batch, c.heads, c.q_len, c.dim}), mask_, {},
-            options);
+            MutableTensorView(out_.data(), c.dtype, {c.batch, c.heads, c.q_len, c.dim}), mask_,
+            mods_, options);
 }
 
 void Tensors::run_backward(const Options& options) {
@@ -87,7 +126,7 @@ void Tensors::run_backward(const Options& options) {
     lse_.resize(c.batch * c.heads * c.q_len);
     attention(TensorView(q_.data(), c.dtype, q_shape), TensorView(k_.data(), c.dtype, kv_shape),
               TensorView(v_.data(), c.dtype, kv_shape),
-              MutableTensorView(out_.data(), c.dtype, q_shape), mask_, {}, options,
+              MutableTensorView(out_.data(), c.dtype, q_shape), mask_, mods_, options,
               MutableTensorView(lse_.data(), lse_shape));
     dout_ = filled(q_.size() / (c.dtype == DType::f32 ? 2 : 1), c.dtype, 5);
     dq_.resize(q_.size());
@@ -99,17 +138,22 @@ void Tensors::run_backward(const Options& options) {
                   MutableTensorView(dv_.data(), c.dtype, kv_shape),
                   {},
                   {}};
+  if (mods_.program) {  // the relative-bias table's gradient, as training would ask for it
+    const ProgramTable& table = mods_.program->tables()[0];
+    dtable_.resize(table.sizes[0] * table.sizes[1]);
+    grads.dtables = {MutableTensorView(dtable_.data(), {table.sizes[0], table.sizes[1]})};
+  }
   attention_backward(TensorView(q_.data(), c.dtype, q_shape),
                      TensorView(k_.data(), c.dtype, kv_shape),
                      TensorView(v_.data(), c.dtype, kv_shape),
                      TensorView(out_.data(), c.dtype, q_shape), TensorView(lse_.data(), lse_shape),
-                     TensorView(dout_.data(), c.dtype, q_shape), grads, mask_, {}, options);
+                     TensorView(dout_.data(), c.dtype, q_shape), grads, mask_, mods_, options);
 }
 
 double Tensors::bytes() const {
   return 2.0 * (q_.size() + k_.size() + v_.size() + out_.size() + dout_.size() + dq_.size() +
                 dk_.size() + dv_.size()) +
-         4.0 * lse_.size();
+         4.0 * lse_.size() + 8.0 * dtable_.size();  // the table and its gradient
 }
 
 }  // namespace maskattn::bench

@@ -14,8 +14,14 @@ namespace maskattn::bench {
 struct Case {
   int64_t batch = 1, heads = 8, kv_heads = 8, q_len = 2048, k_len = 2048, dim = 64;
   std::string mask = "none";  // none | causal | window:W | padded (lengths spread over [L/4, L])
+                              // | documents:N | documents-program:N (packed documents of N
+                              // tokens + causal, as Mask::segments or as a mask program)
+  std::string mods = "none";  // none | relative-program (s + rel[h, q − kv + Lk − 1], with the
+                              // gradient of rel in the backward)
   DType dtype = DType::f32;
 };
+
+ScoreMods make_mods(const Case& c);
 
 // The per-sequence lengths of the "padded" mask: evenly spread over [L/4, L].
 std::vector<int64_t> padded_lengths(const Case& c);
@@ -41,6 +47,8 @@ class Tensors {
  private:
   Case case_;
   Mask mask_;
+  ScoreMods mods_;
+  std::vector<float> dtable_;  // the gradient of the score program's float table, if any
   std::vector<uint16_t> q_, k_, v_, out_;  // 16-bit types; f32 uses twice the elements
   std::vector<uint16_t> dout_, dq_, dk_, dv_;
   std::vector<float> lse_;

@@ -52,9 +52,39 @@ void run_accumulating(const Gradients& grads, RunKernel&& run) {
     buffers[n]->assign(static_cast<size_t>(targets[n]->numel()), 0.0f);
     views[n] = MutableTensorView(buffers[n]->data(), DType::f32, targets[n]->sizes());
   }
-  run(Gradients{views[0], views[1], views[2], views[3], views[4], false});
+  Gradients own{views[0], views[1], views[2], views[3], views[4], false};
+  // A score program's table gradients are added by the kernels' own final store (which reads
+  // `accumulate` for nothing else).
+  own.dtables = grads.dtables;
+  own.accumulate = true;
+  run(own);
   for (int n = 0; n < 5; ++n) {
     if (!targets[n]->is_null()) detail::store_f32(buffers[n]->data(), *targets[n], true);
+  }
+}
+
+// grads.dtables: one view per table of mods.program, each null or f32 of the table's sizes, and
+// only for float32 tables (E129).
+void require_table_gradients(
+    const Gradients& grads, const ScoreMods& mods,
+    std::vector<std::pair<const MutableTensorView*, std::string>>& outputs) {
+  if (grads.dtables.empty()) return;
+  if (!mods.program) throw Error("grads.dtables is given but mods.program is not set");
+  const std::vector<ProgramTable>& tables = mods.program->tables();
+  if (grads.dtables.size() != tables.size()) {
+    throw Error("grads.dtables has " + std::to_string(grads.dtables.size()) +
+                " views but mods.program has " + std::to_string(tables.size()) +
+                " tables: give one per table, null for those without a gradient");
+  }
+  for (size_t t = 0; t < tables.size(); ++t) {
+    if (grads.dtables[t].is_null()) continue;
+    const std::string name = "dtables[" + std::to_string(t) + "] (table '" + tables[t].name + "')";
+    if (tables[t].type != ProgramTableType::float32) {
+      throw Error(name + ": only float32 tables have gradients; pass a null view for it");
+    }
+    detail::require_output(grads.dtables[t], Dims(tables[t].sizes.begin(), tables[t].sizes.end()),
+                           DType::f32, name, "table " + tables[t].name);
+    outputs.emplace_back(&grads.dtables[t], name);
   }
 }
 
@@ -79,8 +109,10 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   if (mods.score_fn) {
     throw Error(
         "attention_backward: mods.score_fn is an opaque callable with no derivative; the backward "
-        "supports softcap, alibi_slopes, bias, threshold and sinks");
+        "supports softcap, alibi_slopes, bias, a score program (mods.program), threshold and "
+        "sinks");
   }
+  require_table_gradients(grads, mods, outputs);
   if (!grads.dbias.is_null()) {
     if (!mods.bias) throw Error("grads.dbias is given but mods.bias is not set");
     detail::require_output(grads.dbias, mods.bias->shape(), DType::f32, "dbias",

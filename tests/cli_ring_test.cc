@@ -153,6 +153,24 @@ TEST(CliRing, GradZigzagCausalMatchesSingleProcess) {
   EXPECT_EQ(std::count(ring.err.begin(), ring.err.end(), '\n'), 4) << ring.err;
 }
 
+// A program mask sees the rows of the whole problem on every rank (the ring's frame), so each
+// rank's slice of packed documents is the single process's.
+TEST(CliRing, ProgramMaskSeesGlobalRows) {
+  const RingFiles files({2, 2, 37, 8}, {2, 2, 37, 8});
+  std::vector<int64_t> doc(2 * 37);
+  for (int64_t t = 0; t < 37; ++t) doc[t] = t / 10, doc[37 + t] = t / 25;
+  write_npy(files.dir.path("doc.npy"), NpyArray::from_int64(doc, {2, 37}));
+  const std::string program =
+      "--mask 'expr:(doc[b, q] == doc[b, kv]) & (q >= kv):doc=" + files.dir.path("doc.npy") + "'";
+  expect_success(test::run_cli(files.attend("single", program)));
+  expect_success(run_ring(2, files.attend("ring", program + " --ring zigzag")));
+  files.expect_same("out", 1e-5f);
+  files.expect_same("lse", 1e-5f);
+  expect_success(test::run_cli(files.grad("single", program)));
+  expect_success(run_ring(2, files.grad("ring", program + " --ring contiguous")));
+  for (const char* name : {"dq", "dk", "dv"}) files.expect_same(name, 1e-5f);
+}
+
 TEST(CliRing, BadInputFailsEveryRankAndWritesNothing) {
   const RingFiles files({1, 2, 16, 8}, {1, 2, 16, 4});  // k's head dim differs from q's
   const test::CliResult result = run_ring(2, files.attend("ring", "--mask causal --ring zigzag"));

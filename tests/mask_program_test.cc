@@ -54,9 +54,9 @@ TEST(MaskProgram, KernelsGiveTheBitsOfADenseKeepMaskOfTheSamePairs) {
                            Problem(1, 2, 1, 1, 170, 16, 8, 52),  // decode: the row kernel
                            Problem(1, 2, 2, 130, 97, 64, 16, 53)}) {
     const std::vector<int64_t> doc = documents(p.B, std::max(p.Lq, p.Lk), 33);
-    const Mask program =
-        Mask().program("(doc[b, q] == doc[b, kv]) & (abs(q - kv) % 5 != 1) & ((h != 1) | (kv < 90))",
-                       {ProgramTable::borrow("doc", doc.data(), {p.B, std::max(p.Lq, p.Lk)})});
+    const Mask program = Mask().program(
+        "(doc[b, q] == doc[b, kv]) & (abs(q - kv) % 5 != 1) & ((h != 1) | (kv < 90))",
+        {ProgramTable::borrow("doc", doc.data(), {p.B, std::max(p.Lq, p.Lk)})});
     const Mask dense = Mask().keep(allowed_pairs(program, p.shape()));
     for (const DType dtype : {DType::f32, DType::bf16}) {
       for (const Kernel kernel : {Kernel::fused, Kernel::reference}) {
@@ -115,6 +115,33 @@ TEST(MaskProgram, AProgramThatCouldReadOutsideItsTableIsRefusedBeforeAnyEvaluati
   }
   EXPECT_MASKATTN_ERROR(block_map(mask, p.shape()), "doc");
   EXPECT_NO_THROW(block_map(mask, {1, 1, 64, 64}));
+}
+
+// A KV-cache step: the new queries are the last rows of the whole sequence (Options::frame), so
+// `q >= kv` is causal there as in the prefill.
+TEST(MaskProgram, AFramedDecodeStepEqualsTheLastRowsOfThePrefill) {
+  const Problem whole(1, 2, 1, 100, 100, 16, 16, 55);
+  Problem step(1, 2, 1, 3, 100, 16, 16, 55);
+  for (int64_t h = 0; h < 2; ++h) {  // the step's queries are the prefill's last three
+    for (int64_t i = 0; i < 3; ++i) {
+      for (int64_t d = 0; d < 16; ++d) {
+        step.q[(h * 3 + i) * 16 + d] = whole.q[(h * 100 + 97 + i) * 16 + d];
+      }
+    }
+  }
+  const Mask mask = Mask().program("q >= kv");
+  std::vector<float> full(2 * 100 * 16), last(2 * 3 * 16);
+  attention(whole.qv(), whole.kv(), whole.vv(), MutableTensorView(full.data(), {1, 2, 100, 16}),
+            mask);
+  Options options;
+  options.frame = {97, 0, 100, 100};
+  attention(step.qv(), step.kv(), step.vv(), MutableTensorView(last.data(), {1, 2, 3, 16}), mask,
+            {}, options);
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t n = 0; n < 3 * 16; ++n) {
+      EXPECT_NEAR(last[h * 48 + n], full[(h * 100 + 97) * 16 + n], 1e-6f);
+    }
+  }
 }
 
 TEST(MaskProgram, AScoreProgramIsNotAMask) {

@@ -1,4 +1,5 @@
-// SPEC strings (the CLI's --mask): every form parses into the component or modifier it names.
+// SPEC strings (the CLI's --mask and --mod): every form parses into the component or modifier it
+// names.
 #include <cmath>
 #include <cstring>
 
@@ -278,15 +279,97 @@ TEST_F(MaskSpec, ErrorsNameTheSpec) {
                         "--mask chunk:0: chunk(0)");
 }
 
+// expr:PROGRAM[:NAME=FILE]...: a mask program under --mask, a score program under --mod, its
+// tables from .npy files of any dtype the other SPECs read.
+TEST_F(MaskSpec, ExprIsAMaskProgramWithTablesFromFiles) {
+  EXPECT_EQ(grid(mask_of({"expr:q >= kv"}), {1, 1, 3, 5}),
+            grid(Mask().causal(Alignment::top_left), {1, 1, 3, 5}));
+  const std::vector<int64_t> ids = {0, 0, 1, 1, 1};
+  const Rows documents = grid(Mask().segments(Array<int64_t>({1, 5}, ids)).causal(), {1, 1, 5, 5});
+  for (const NpyArray& doc :
+       {NpyArray::from_int64(ids, {5}), int32_array({0, 0, 1, 1, 1}, {5}),
+        uint8_array({0, 0, 1, 1, 1}, {5}), NpyArray::from_floats({0, 0, 1, 1, 1}, {5})}) {
+    const std::string path = file("doc.npy", doc);
+    // A float table compares as f32 (exact for these ids); an integer one as int64.
+    const Mask mask = mask_of({"expr:(doc[q] == doc[kv]) & (q >= kv):doc=" + path});
+    EXPECT_EQ(grid(mask, {1, 1, 5, 5}), documents) << npy_type_name(doc.type());
+    EXPECT_EQ(mask.labels()[0],
+              "mask spec 'expr:(doc[q] == doc[kv]) & (q >= kv):doc=" + path + "'");
+  }
+  // Bool tables, 2-D tables, several tables, and an expr: combined with other SPECs.
+  const std::string keep = file("keep.npy", NpyArray::from_bools({1, 0, 1, 1, 0}, {5}));
+  const std::string heads = file("heads.npy", NpyArray::from_int64({0, 2}, {2, 1}));
+  const Mask mask = mask_of(
+      {"causal:top-left", "expr:keep[kv] & (kv >= heads[h, 0]):keep=" + keep + ":heads=" + heads});
+  EXPECT_EQ(grid(mask, {1, 2, 3, 5}, 0, 0), (Rows{"1....", "1....", "1.1.."}));
+  EXPECT_EQ(grid(mask, {1, 2, 3, 5}, 0, 1), (Rows{".....", ".....", "..1.."}));
+  EXPECT_FALSE(mods_.program.has_value());
+}
+
+TEST_F(MaskSpec, ModSpecsFillScoreModsAndRefuseMasks) {
+  ScoreMods mods;
+  const std::string slopes = file("slopes.npy", NpyArray::from_floats({0.5f, 0.25f}, {2}));
+  const std::vector<std::string> specs = {"softcap:30", "threshold:-1", "alibi:" + slopes,
+                                          "expr:s - slope[h] * abs(q - kv):slope=" + slopes};
+  for (const std::string& spec : specs) {
+    apply_mod_spec(spec, mods);
+  }
+  EXPECT_EQ(mods.softcap, 30.0);
+  EXPECT_EQ(mods.threshold, -1.0);
+  EXPECT_EQ(mods.alibi_slopes.size(), 2u);
+  ASSERT_TRUE(mods.program.has_value());
+  EXPECT_EQ(mods.program->kind(), ProgramKind::score);
+  EXPECT_FLOAT_EQ(mods.program->score(1.0f, 0, 1, 4, 0), 1.0f - 0.25f * 4);
+  EXPECT_MASKATTN_ERROR(apply_mod_spec("expr:s * 2", mods),
+                        "modifier spec 'expr:s * 2': a second score program");
+  EXPECT_MASKATTN_ERROR(apply_mod_spec("causal", mods),
+                        "modifier spec 'causal': 'causal' is a mask SPEC; give it to --mask");
+  EXPECT_MASKATTN_ERROR(apply_mod_spec("softcab:3", mods),
+                        "unknown kind 'softcab'; known modifiers");
+  EXPECT_MASKATTN_ERROR(apply_mod_spec("expr:q >= kv", mods, "--mod expr:q >= kv"),
+                        "--mod expr:q >= kv: `q >= kv` is a mask program (a bool), not a score "
+                        "program (a number); give mask programs to --mask");
+  EXPECT_MASKATTN_ERROR(mask_of({"expr:s * 2"}),
+                        "mask spec 'expr:s * 2': `s * 2` is a score program (a number), not a mask "
+                        "program (a bool); give score programs to --mod");
+  // A program that is no good either way keeps the compiler's own error.
+  EXPECT_MASKATTN_ERROR(
+      mask_of({"expr:q >= pos"}),
+      "mask spec 'expr:q >= pos': program `q >= pos`, column 6: unknown identifier "
+      "'pos'");
+}
+
+TEST_F(MaskSpec, ExprErrorsNameTheSpecAndTheTable) {
+  EXPECT_MASKATTN_ERROR(mask_of({"expr"}), "'expr' needs an argument");
+  EXPECT_MASKATTN_ERROR(mask_of({"expr::doc=d.npy"}), "expr needs a program before its tables");
+  for (const char* field : {"doc", "=d.npy", "doc="}) {
+    EXPECT_MASKATTN_ERROR(mask_of({std::string("expr:q >= kv:") + field}),
+                          std::string("table '") + field + "' is not NAME=FILE");
+  }
+  EXPECT_MASKATTN_ERROR(mask_of({"expr:doc[q] > 0:doc=/nonexistent.npy"}),
+                        "mask spec 'expr:doc[q] > 0:doc=/nonexistent.npy': table doc: cannot open "
+                        "'/nonexistent.npy'");
+  const std::string four = file("4.npy", NpyArray::from_int64({1, 2}, {1, 1, 1, 2}));
+  EXPECT_MASKATTN_ERROR(mask_of({"expr:t[q, kv, 0] > 0:t=" + four}),
+                        "table t: " + four +
+                            " has shape [1,1,1,2]; a program table has 1 to 3 "
+                            "dimensions");
+  const std::string doc = file("doc.npy", NpyArray::from_int64({0, 1}, {2}));
+  EXPECT_MASKATTN_ERROR(mask_of({"expr:doc[q] > 0:doc=" + doc + ":doc=" + doc}),
+                        "program table 'doc' is given twice");
+  EXPECT_MASKATTN_ERROR(mask_of({"expr:doc[q] > 0:my-doc=" + doc}),
+                        "a table name must be a non-empty identifier");
+}
+
 TEST_F(MaskSpec, HelpListsEveryKind) {
   const std::string help = mask_spec_help();
-  for (const char* kind :
-       {"causal",         "window:",       "sliding-window:", "chunk:",        "prefix:",
-        "key-lengths:",   "key-starts:",   "key-keep:",       "key-blocked:",  "pad-id:",
-        "query-lengths:", "query-starts:", "query-keep:",     "query-pad-id:", "segments:",
-        "spans:",         "global:",       "block-sparse:",   "keep:",         "blocked:",
-        "additive:",      "alibi:",        "softcap:",        "sinks:",        "threshold:",
-        "bias:"}) {
+  for (const char* kind : {"causal",       "window:",       "sliding-window:", "chunk:",
+                           "prefix:",      "key-lengths:",  "key-starts:",     "key-keep:",
+                           "key-blocked:", "pad-id:",       "query-lengths:",  "query-starts:",
+                           "query-keep:",  "query-pad-id:", "segments:",       "spans:",
+                           "global:",      "block-sparse:", "keep:",           "blocked:",
+                           "additive:",    "alibi:",        "softcap:",        "sinks:",
+                           "threshold:",   "bias:",         "expr:",           "--mod"}) {
     EXPECT_NE(help.find(kind), std::string::npos) << kind;
   }
 }

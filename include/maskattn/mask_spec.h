@@ -1,11 +1,16 @@
-// Mask and modifier SPEC strings, as the CLI's --mask takes them (docs/cli.md lists them all):
+// Mask and modifier SPEC strings, as the CLI's --mask and --mod take them (docs/cli.md lists them
+// all). Mask SPECs:
 //   causal  causal:top-left  window:LEFT:RIGHT  sliding-window:W  chunk:C  prefix:P
 //   key-lengths:FILE  key-starts:FILE  key-keep:FILE  key-blocked:FILE  pad-id:ID:FILE
 //   query-lengths:FILE  query-starts:FILE  query-keep:FILE  query-pad-id:ID:FILE
 //   segments:FILE  segments:QFILE:KFILE  spans:FILE  spans:QFILE:KFILE
 //   global:FILE  global:QFILE:KFILE  block-sparse:BQ:BK:FILE
-//   keep:FILE  blocked:FILE  additive:FILE
-//   alibi:FILE  softcap:X  sinks:FILE  threshold:X  bias:FILE
+//   keep:FILE  blocked:FILE  additive:FILE  expr:PROGRAM[:NAME=FILE]...
+// Modifier SPECs:
+//   alibi:FILE  softcap:X  sinks:FILE  threshold:X  bias:FILE  expr:PROGRAM[:NAME=FILE]...
+// An expr: SPEC is a program (maskattn/program.h) whose tables are .npy files: a mask program
+// where a mask SPEC is expected, a score program (ScoreMods::program) where a modifier is. The
+// program text holds no ':', so the SPEC splits at every ':'.
 // FILE is a .npy file. Shared by the CLI, the tools and (later) the Python package.
 #pragma once
 
@@ -23,10 +28,17 @@ struct SpecOptions {
   bool one_head_layout = false;
 };
 
-// Parses one SPEC and adds the component to `mask` (labelled with `label`) or the modifier to
-// `mods`. Errors start with `label`; by default "mask spec '<spec>'".
+// Parses one mask SPEC and adds the component to `mask` (labelled with `label`); an expr: SPEC is
+// a mask program. The modifier SPECs other than expr: (alibi, softcap, sinks, threshold, bias) are
+// accepted too and go to `mods`, as --mask has always taken them. Errors start with `label`; by
+// default "mask spec '<spec>'".
 void apply_mask_spec(const std::string& spec, Mask& mask, ScoreMods& mods,
                      const std::string& label = "", const SpecOptions& options = {});
+
+// Parses one modifier SPEC into `mods`; an expr: SPEC is a score program. A mask SPEC is an error
+// that says so. Errors start with `label`; by default "modifier spec '<spec>'".
+void apply_mod_spec(const std::string& spec, ScoreMods& mods, const std::string& label = "",
+                    const SpecOptions& options = {});
 
 // One line per SPEC form with its meaning, for --help texts.
 const char* mask_spec_help();

@@ -3,7 +3,9 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "maskattn/error.h"
@@ -27,7 +29,8 @@ std::vector<std::string> split_colons(const std::string& text) {
 
 class SpecParser {
  public:
-  SpecParser(const std::string& spec, Mask& mask, ScoreMods& mods, std::string label,
+  // `mask` is null for a modifier SPEC (--mod): then only modifiers are taken.
+  SpecParser(const std::string& spec, Mask* mask, ScoreMods& mods, std::string label,
              const SpecOptions& options)
       : mask_(mask), mods_(mods), label_(std::move(label)), options_(options) {
     const size_t colon = spec.find(':');
@@ -45,50 +48,86 @@ class SpecParser {
       if (message.rfind(label_, 0) == 0) throw;
       throw Error(label_ + ": " + message);
     }
-    if (added_component_) mask_.label_last(label_);
+    if (added_component_) mask_->label_last(label_);
   }
 
  private:
   [[noreturn]] void fail(const std::string& why) const { throw Error(label_ + ": " + why); }
 
   void dispatch() {
+    if (dispatch_modifier()) return;
+    if (mask_ == nullptr) {
+      fail(is_mask_kind(kind_) ? "'" + kind_ +
+                                     "' is a mask SPEC; give it to --mask (--mod takes alibi, "
+                                     "softcap, sinks, threshold, bias and expr)"
+                               : "unknown kind '" + kind_ +
+                                     "'; known modifiers: alibi, softcap, sinks, threshold, bias, "
+                                     "expr");
+    }
+    dispatch_mask();
+  }
+
+  // The modifier kinds, and expr: as a score program under --mod. False: not one of them.
+  bool dispatch_modifier() {
+    if (kind_ == "alibi") {
+      per_head_modifier(mods_.alibi_slopes, "alibi");
+    } else if (kind_ == "sinks") {
+      per_head_modifier(mods_.sinks, "sinks");
+    } else if (kind_ == "softcap") {
+      scalar_modifier(mods_.softcap, "softcap");
+    } else if (kind_ == "threshold") {
+      scalar_modifier(mods_.threshold, "threshold");
+    } else if (kind_ == "bias") {
+      if (mods_.bias) fail("bias given twice");
+      mods_.bias = float_file(one());
+    } else if (kind_ == "expr" && mask_ == nullptr) {
+      score_program();
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  void dispatch_mask() {
     if (kind_ == "causal") return causal();
     if (kind_ == "window") return window();
-    if (kind_ == "sliding-window") return component([&] { mask_.sliding_window(integer(one())); });
-    if (kind_ == "chunk") return component([&] { mask_.chunk(integer(one())); });
-    if (kind_ == "prefix") return component([&] { mask_.prefix_lm(integer(one())); });
-    if (kind_ == "key-lengths") return component([&] { mask_.key_lengths(vector_file(one())); });
-    if (kind_ == "key-starts") return component([&] { mask_.key_starts(vector_file(one())); });
-    if (kind_ == "key-keep") return component([&] { mask_.key_keep(int_file(one(), 2)); });
-    if (kind_ == "key-blocked") return component([&] { mask_.key_keep(key_blocked(one())); });
+    if (kind_ == "sliding-window") return component([&] { mask().sliding_window(integer(one())); });
+    if (kind_ == "chunk") return component([&] { mask().chunk(integer(one())); });
+    if (kind_ == "prefix") return component([&] { mask().prefix_lm(integer(one())); });
+    if (kind_ == "key-lengths") return component([&] { mask().key_lengths(vector_file(one())); });
+    if (kind_ == "key-starts") return component([&] { mask().key_starts(vector_file(one())); });
+    if (kind_ == "key-keep") return component([&] { mask().key_keep(int_file(one(), 2)); });
+    if (kind_ == "key-blocked") return component([&] { mask().key_keep(key_blocked(one())); });
     if (kind_ == "pad-id") return pad_id(Side::key);
     if (kind_ == "query-lengths") {
-      return component([&] { mask_.query_lengths(vector_file(one())); });
+      return component([&] { mask().query_lengths(vector_file(one())); });
     }
-    if (kind_ == "query-starts") return component([&] { mask_.query_starts(vector_file(one())); });
-    if (kind_ == "query-keep") return component([&] { mask_.query_keep(int_file(one(), 2)); });
+    if (kind_ == "query-starts") return component([&] { mask().query_starts(vector_file(one())); });
+    if (kind_ == "query-keep") return component([&] { mask().query_keep(int_file(one(), 2)); });
     if (kind_ == "query-pad-id") return pad_id(Side::query);
     if (kind_ == "segments" || kind_ == "spans") return id_pair();
     if (kind_ == "global") return global_tokens();
     if (kind_ == "block-sparse") return block_sparse();
-    if (kind_ == "keep") return component([&] { mask_.keep(bool_file(one())); });
-    if (kind_ == "blocked") return component([&] { mask_.blocked(bool_file(one())); });
-    if (kind_ == "additive") return component([&] { mask_.additive(float_file(one())); });
-    if (kind_ == "alibi") return per_head_modifier(mods_.alibi_slopes, "alibi");
-    if (kind_ == "sinks") return per_head_modifier(mods_.sinks, "sinks");
-    if (kind_ == "softcap") return scalar_modifier(mods_.softcap, "softcap");
-    if (kind_ == "threshold") return scalar_modifier(mods_.threshold, "threshold");
-    if (kind_ == "bias") {
-      if (mods_.bias) fail("bias given twice");
-      mods_.bias = float_file(one());
-      return;
-    }
+    if (kind_ == "keep") return component([&] { mask().keep(bool_file(one())); });
+    if (kind_ == "blocked") return component([&] { mask().blocked(bool_file(one())); });
+    if (kind_ == "additive") return component([&] { mask().additive(float_file(one())); });
+    if (kind_ == "expr") return mask_program();
     fail("unknown kind '" + kind_ +
          "'; known: causal, window, sliding-window, chunk, prefix, key-lengths, key-starts, "
          "key-keep, key-blocked, pad-id, query-lengths, query-starts, query-keep, query-pad-id, "
-         "segments, "
-         "spans, global, block-sparse, keep, blocked, additive, alibi, softcap, sinks, threshold, "
-         "bias");
+         "segments, spans, global, block-sparse, keep, blocked, additive, expr, alibi, softcap, "
+         "sinks, threshold, bias");
+  }
+
+  static bool is_mask_kind(const std::string& kind) {
+    for (const char* known :
+         {"causal",     "window",       "sliding-window", "chunk",  "prefix",        "key-lengths",
+          "key-starts", "key-keep",     "key-blocked",    "pad-id", "query-lengths", "query-starts",
+          "query-keep", "query-pad-id", "segments",       "spans",  "global",        "block-sparse",
+          "keep",       "blocked",      "additive"}) {
+      if (kind == known) return true;
+    }
+    return false;
   }
 
   template <typename Add>
@@ -127,10 +166,10 @@ class SpecParser {
 
   void causal() {
     if (!has_argument_ || argument_ == "bottom-right") {
-      if (has_argument_) mask_.set_alignment(Alignment::bottom_right);
-      mask_.causal();
+      if (has_argument_) mask().set_alignment(Alignment::bottom_right);
+      mask().causal();
     } else if (argument_ == "top-left") {
-      mask_.causal(Alignment::top_left);
+      mask().causal(Alignment::top_left);
     } else {
       fail("causal alignment '" + argument_ + "' is not 'top-left' or 'bottom-right'");
     }
@@ -140,7 +179,7 @@ class SpecParser {
   void window() {
     const std::vector<std::string> sides = split_colons(one());
     if (sides.size() != 2) fail("window needs LEFT:RIGHT, e.g. window:128:0 or window:inf:0");
-    component([&] { mask_.window(bound(sides[0]), bound(sides[1])); });
+    component([&] { mask().window(bound(sides[0]), bound(sides[1])); });
   }
 
   void pad_id(Side side) {
@@ -153,9 +192,9 @@ class SpecParser {
     Array<int64_t> ids = int_file(rest.substr(colon + 1), 2);
     component([&] {
       if (side == Side::key)
-        mask_.key_pad_id(std::move(ids), id);
+        mask().key_pad_id(std::move(ids), id);
       else
-        mask_.query_pad_id(std::move(ids), id);
+        mask().query_pad_id(std::move(ids), id);
     });
   }
 
@@ -168,9 +207,9 @@ class SpecParser {
       Array<int64_t> ids = int_file(rest, 2);
       component([&] {
         if (segments)
-          mask_.segments(std::move(ids));
+          mask().segments(std::move(ids));
         else
-          mask_.spans(std::move(ids));
+          mask().spans(std::move(ids));
       });
       return;
     }
@@ -178,9 +217,9 @@ class SpecParser {
     Array<int64_t> key_ids = int_file(rest.substr(colon + 1), 2);
     component([&] {
       if (segments)
-        mask_.segments(std::move(query_ids), std::move(key_ids));
+        mask().segments(std::move(query_ids), std::move(key_ids));
       else
-        mask_.spans(std::move(query_ids), std::move(key_ids));
+        mask().spans(std::move(query_ids), std::move(key_ids));
     });
   }
 
@@ -190,12 +229,12 @@ class SpecParser {
     const size_t colon = rest.find(':');
     if (colon == std::string::npos) {
       Array<int64_t> ids = global_file(rest, "[B,L] or [L]");
-      component([&] { mask_.global_tokens(std::move(ids)); });
+      component([&] { mask().global_tokens(std::move(ids)); });
       return;
     }
     Array<int64_t> query_ids = global_file(rest.substr(0, colon), "[B,Lq] or [Lq]");
     Array<int64_t> key_ids = global_file(rest.substr(colon + 1), "[B,Lk] or [Lk]");
-    component([&] { mask_.global_tokens(std::move(query_ids), std::move(key_ids)); });
+    component([&] { mask().global_tokens(std::move(query_ids), std::move(key_ids)); });
   }
 
   // block-sparse:BQ:BK:FILE, the layout [nQ,nK], [H,nQ,nK] or [B,H,nQ,nK] of 0/1 or bools.
@@ -218,7 +257,7 @@ class SpecParser {
     }
     Array<uint8_t> layout(dense_shape(array.shape()),
                           binary_values(array, path, "block-sparse layouts"));
-    component([&] { mask_.block_sparse(std::move(layout), block_q, block_k); });
+    component([&] { mask().block_sparse(std::move(layout), block_q, block_k); });
   }
 
   int64_t block_size(const std::string& text, const char* name) const {
@@ -229,6 +268,100 @@ class SpecParser {
            "' is not a positive integer (block-sparse:BQ:BK:FILE)");
     }
     return value;
+  }
+
+  // expr:PROGRAM[:NAME=FILE]...: a mask program under --mask, a score program under --mod.
+  void mask_program() {
+    const auto [text, tables] = program_fields();
+    Program program = compile(ProgramKind::mask, text, tables);
+    component([&] { mask().program(std::move(program)); });
+  }
+
+  void score_program() {
+    const auto [text, tables] = program_fields();
+    Program program = compile(ProgramKind::score, text, tables);
+    if (mods_.program) {
+      fail("a second score program; a call takes one, so write both in one expression");
+    }
+    mods_.program = std::move(program);
+  }
+
+  // The program's text (the first field) and its tables (every further field, NAME=FILE).
+  std::pair<std::string, std::vector<ProgramTable>> program_fields() const {
+    const std::vector<std::string> fields = split_colons(one());
+    if (fields[0].find_first_not_of(' ') == std::string::npos) {
+      fail("expr needs a program before its tables, e.g. expr:q >= kv");
+    }
+    std::vector<ProgramTable> tables;
+    for (size_t n = 1; n < fields.size(); ++n) tables.push_back(table(fields[n]));
+    return {fields[0], std::move(tables)};
+  }
+
+  static Program compile_as(ProgramKind kind, const std::string& text,
+                            const std::vector<ProgramTable>& tables) {
+    return kind == ProgramKind::mask ? Program::mask(text, tables) : Program::score(text, tables);
+  }
+
+  // A program of `kind`. When it fails to compile but is a program of the other kind, the error
+  // says which flag takes it rather than the type error the compiler found.
+  Program compile(ProgramKind kind, const std::string& text,
+                  const std::vector<ProgramTable>& tables) const {
+    const ProgramKind other = kind == ProgramKind::mask ? ProgramKind::score : ProgramKind::mask;
+    try {
+      return compile_as(kind, text, tables);
+    } catch (const Error&) {
+      bool is_other_kind = true;
+      try {
+        compile_as(other, text, tables);
+      } catch (const Error&) {
+        is_other_kind = false;
+      }
+      if (!is_other_kind) throw;  // the compiler's error: the program is no good either way
+    }
+    fail(kind == ProgramKind::mask
+             ? "`" + text +
+                   "` is a score program (a number), not a mask program (a bool); give score "
+                   "programs to --mod"
+             : "`" + text +
+                   "` is a mask program (a bool), not a score program (a number); give mask "
+                   "programs to --mask");
+  }
+
+  // NAME=FILE: a table of the program from a .npy file of 1 to 3 dimensions. Bool stays bool,
+  // int32 stays int32, other integers become int64 and floats float32, as the other SPECs read
+  // their files (float64 rounds to nearest; values beyond float32 are refused).
+  ProgramTable table(const std::string& field) const {
+    const size_t equals = field.find('=');
+    if (equals == std::string::npos || equals == 0 || equals + 1 == field.size()) {
+      fail("table '" + field +
+           "' is not NAME=FILE; after the program each ':' starts a table, e.g. "
+           "expr:doc[q] == doc[kv]:doc=doc.npy");
+    }
+    const std::string name = field.substr(0, equals), path = field.substr(equals + 1);
+    try {
+      const NpyArray array = load(path);
+      if (array.rank() < 1 || array.rank() > 3) {
+        throw Error(path + " has shape " + shape_string(array.shape()) +
+                    "; a program table has 1 to 3 dimensions");
+      }
+      std::vector<int64_t> sizes(array.shape().begin(), array.shape().end());
+      switch (array.type()) {
+        case NpyType::b1:
+          return ProgramTable::own(name, array.bytes(), std::move(sizes));
+        case NpyType::i4: {
+          std::vector<int32_t> values(static_cast<size_t>(array.numel()));
+          std::memcpy(values.data(), array.bytes().data(), array.bytes().size());
+          return ProgramTable::own(name, std::move(values), std::move(sizes));
+        }
+        default:
+          if (array.is_float()) {
+            return ProgramTable::own(name, array.to_float32(path), std::move(sizes));
+          }
+          return ProgramTable::own(name, array.to_int64(path), std::move(sizes));
+      }
+    } catch (const Error& error) {
+      fail("table " + name + ": " + error.what());
+    }
   }
 
   void per_head_modifier(std::vector<float>& target, const char* name) {
@@ -330,7 +463,10 @@ class SpecParser {
     return shape;
   }
 
-  Mask& mask_;
+  // The mask SPEC's mask; only mask SPECs (dispatch_mask) reach it, and they always have one.
+  Mask& mask() const { return *mask_; }
+
+  Mask* mask_;
   ScoreMods& mods_;
   std::string label_;
   SpecOptions options_;
@@ -343,7 +479,14 @@ class SpecParser {
 
 void apply_mask_spec(const std::string& spec, Mask& mask, ScoreMods& mods, const std::string& label,
                      const SpecOptions& options) {
-  SpecParser(spec, mask, mods, label.empty() ? "mask spec '" + spec + "'" : label, options).apply();
+  SpecParser(spec, &mask, mods, label.empty() ? "mask spec '" + spec + "'" : label, options)
+      .apply();
+}
+
+void apply_mod_spec(const std::string& spec, ScoreMods& mods, const std::string& label,
+                    const SpecOptions& options) {
+  SpecParser(spec, nullptr, mods, label.empty() ? "modifier spec '" + spec + "'" : label, options)
+      .apply();
 }
 
 const char* mask_spec_help() {
@@ -374,11 +517,19 @@ const char* mask_spec_help() {
   keep:FILE               bool/0-1 array broadcasting to [B,Hq,Lq,Lk]: 1 = may attend
   blocked:FILE            bool/0-1 array broadcasting to [B,Hq,Lq,Lk]: 1 = hidden
   additive:FILE           float array broadcasting to [B,Hq,Lq,Lk], added; only -inf hides
+  expr:PROGRAM[:NAME=FILE]...
+                          a mask program over b, h, q, kv (row indices, top-left), e.g.
+                          'expr:(doc[q] == doc[kv]) & (q >= kv):doc=doc.npy'; each NAME=FILE is
+                          a table, a .npy of 1-3 dims (docs/cli.md: Programs)
+Modifier SPECs (repeat --mod; --mask takes them too, except expr:):
   alibi:FILE              [Hq] slopes: score -= slope[h]*|qpos-kpos|
   softcap:X               score = X*tanh(score/X), before masks and biases
   sinks:FILE              [Hq] sink logits that join each row's softmax denominator
   threshold:X             hide pairs whose final score is below X
   bias:FILE               float array broadcasting to [B,Hq,Lq,Lk], added to the scores
+  expr:PROGRAM[:NAME=FILE]...
+                          a score program of s (after softcap, ALiBi, bias and additive masks), b,
+                          h, q, kv, e.g. 'expr:s - slope[h] * abs(q - kv):slope=slopes.npy'
 )";
 }
 

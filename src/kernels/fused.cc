@@ -89,7 +89,8 @@ void require_working_memory(const Problem& p, const Mode& mode) {
 bool has_score_mods(const Problem& p) {
   const ResolvedMods& mods = *p.mods;
   return mods.softcap || mods.alibi_slopes != nullptr || mods.bias != nullptr ||
-         mods.score_fn != nullptr || mods.threshold || p.mask->has_additive();
+         mods.score_fn != nullptr || mods.program != nullptr || mods.threshold ||
+         p.mask->has_additive();
 }
 
 // Tile mode: one item per (b, h, 64-query block) against all keys, costed in tiles visited.

@@ -25,6 +25,7 @@
 #include "kernels/fused_backward_block.h"
 #include "kernels/fused_block.h"
 #include "kernels/product_unit.h"
+#include "kernels/table_gradients.h"
 #include "maskattn/cpu.h"
 #include "maskattn/memory.h"
 
@@ -75,9 +76,16 @@ void store_all(const MutableTensorView& t, const float* values) {
   }
 }
 
+int64_t table_gradient_elements(const Gradients& grads) {
+  int64_t elements = 0;
+  for (const MutableTensorView& view : grads.dtables) elements += view.is_null() ? 0 : view.numel();
+  return elements;
+}
+
 // Working memory: f32 copies of what is not f32 with contiguous rows, per-row D and LSE, the
-// per-chunk dQ partials (at most kTargetItems of them), dbias, O(tile) scratch per thread, and
-// the product unit's per-call packing.
+// per-chunk dQ partials (at most kTargetItems of them), dbias, O(tile) scratch per thread, the
+// product unit's per-call packing, and a score program's table gradients (the totals and about
+// one f64 buffer per thread: table_gradients.h).
 void require_backward_memory(const Problem& p, const TensorView& out, const TensorView& dout,
                              const Gradients& grads, const ProductUnit& unit) {
   const int64_t rows = p.batch * p.q_heads * p.q_len, k_tiles = (p.k_len + T - 1) / T;
@@ -91,7 +99,8 @@ void require_backward_memory(const Problem& p, const TensorView& out, const Tens
       copy(p.q, padded(p.head_dim)) + copy(dout, padded(p.value_dim)) + copy(out, p.value_dim) +
       8.0 * rows + 4.0 * dq_rows * padded(p.head_dim) +
       4.0 * static_cast<double>(grads.dbias.is_null() ? 0 : grads.dbias.numel()) +
-      4.0 * T * (3.0 * p.head_dim + 3.0 * p.value_dim + 3 * T + 16) * thread_count(p) +
+      4.0 * T * (3.0 * p.head_dim + 3.0 * p.value_dim + 4 * T + 16) * thread_count(p) +
+      8.0 * (thread_count(p) + 2) * table_gradient_elements(grads) +
       (unit.backward_call_bytes != nullptr ? unit.backward_call_bytes(p) : 0.0);
   require_memory(bytes, "attention_backward (fused kernel) for q " + p.q.shape_string() + ", k " +
                             p.k.shape_string());
@@ -255,7 +264,7 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
   c.blocks = &blocks;
   c.tile_masks = &tile_masks;
   c.score_mods = mods.softcap || mods.alibi_slopes != nullptr || mods.bias != nullptr ||
-                 mods.threshold || p.mask->has_additive();
+                 mods.program != nullptr || mods.threshold || p.mask->has_additive();
   c.dk = grads.dk;
   c.dv = grads.dv;
   std::vector<float>& dbias = reused<float, Backward, 4>();
@@ -280,13 +289,22 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
   const int64_t unit_bytes = unit.backward_thread_bytes != nullptr
                                  ? unit.backward_thread_bytes(p.head_dim, p.value_dim)
                                  : 0;
+  // A score program's table gradients: per item, folded in dealing order (table_gradients.h).
+  TableGradients table_grads(mods.program, grads);
+  std::vector<int64_t> position(items.size());
+  const std::vector<int64_t> order = longest_first_order(costs);
+  for (size_t n = 0; n < order.size(); ++n) position[order[n]] = static_cast<int64_t>(n);
   run_longest_first(costs, p.threads, [&](int64_t n) {
     thread_local BackwardScratch scratch;
     scratch.reserve(p.head_dim, p.value_dim, unit_bytes);
+    TableGradients::Lease lease = table_grads.lease();
+    scratch.table_grads = table_grads.empty() ? nullptr : lease.pointers();
     backward_item(c, items[n], scratch);
+    table_grads.finish(position[n], std::move(lease));
   });
   store_dq(p, c, grads.dq);
   if (with_dbias) store_all(grads.dbias, dbias.data());
+  table_grads.store(grads, grads.accumulate);
 }
 
 }  // namespace maskattn::detail::fused

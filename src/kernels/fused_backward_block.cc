@@ -111,7 +111,8 @@ void StoreKeyTile(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, in
 // bit j = key j allowed) is null for a full tile.
 void ApplyScoreMods(const BackwardContext& c, int64_t b, int64_t h, int64_t q_first,
                     int64_t q_count, int64_t j0, int64_t rows, const uint64_t* row_bits,
-                    bool additive, float* HWY_RESTRICT s, float* HWY_RESTRICT cap_grad) {
+                    bool additive, float* HWY_RESTRICT s, float* HWY_RESTRICT cap_grad,
+                    float* HWY_RESTRICT program_in) {
   TileLayout tile;
   tile.b = b;
   tile.h = h;
@@ -123,6 +124,7 @@ void ApplyScoreMods(const BackwardContext& c, int64_t b, int64_t h, int64_t q_fi
   tile.allowed = row_bits;
   tile.additive = additive;
   tile.cap_grad = cap_grad;
+  tile.program_input = program_in;
   ApplyScoreChainToTile(*c.problem->mods, *c.problem->mask, tile, s);
 }
 
@@ -164,12 +166,13 @@ void Weights(const float* lse, int64_t q_count, bool finite_scores, float* HWY_R
   }
 }
 
-// dS = P∘(dP − D_i) in place of dP, exactly 0 where P is 0 (hidden pairs), then ×softcap's
-// derivative. Adds dS into dbias first: the bias sits after softcap in the score pipeline.
+// dS = P∘(dP − D_i) in place of dP, exactly 0 where P is 0 (hidden pairs), then back through the
+// chain: the score program (its derivative, and its tables' gradients), the bias (dbias: it sits
+// after softcap), softcap's derivative.
 void ScoreGradients(const BackwardContext& c, int64_t b, int64_t h, int64_t q_first,
                     int64_t q_count, int64_t j0, int64_t rows, const float* HWY_RESTRICT pw,
-                    const float* delta, const float* HWY_RESTRICT cap_grad,
-                    float* HWY_RESTRICT ds) {
+                    const float* delta, const BackwardScratch& sc, float* HWY_RESTRICT ds) {
+  const float* HWY_RESTRICT cap_grad = sc.cap_grad;
   const DF df;
   const size_t N = hn::Lanes(df);
   const VF zero = hn::Zero(df);
@@ -182,6 +185,18 @@ void ScoreGradients(const BackwardContext& c, int64_t b, int64_t h, int64_t q_fi
     }
   }
   const ResolvedMods& mods = *c.problem->mods;
+  if (mods.program != nullptr && q_count > 0 && rows > 0) {
+    ProgramTile tile;
+    tile.b = b;
+    tile.h = h;
+    tile.q0 = q_first + mods.q_origin;
+    tile.nq = q_count;
+    tile.kv0 = j0 + mods.k_origin;
+    tile.nk = rows;
+    tile.query_rows = true;
+    tile.row_stride = T;
+    mods.program->score_tile_backward(tile, sc.program_in, ds, sc.table_grads);
+  }
   if (c.dbias != nullptr) {
     for (int64_t i = 0; i < q_count; ++i) {
       for (int64_t j = 0; j < rows; ++j) {
@@ -219,7 +234,8 @@ void ScoresToWeights(const BackwardContext& c, int64_t b, int64_t h, int64_t q_f
   const uint64_t* row_bits = TileRowBits(c, b, h, q_first, q_count, j0, rows, kind, sc);
   if (c.score_mods) {
     const bool additive = p.mask->has_additive() && kind == TileKind::partial;
-    ApplyScoreMods(c, b, h, q_first, q_count, j0, rows, row_bits, additive, sc.s, sc.cap_grad);
+    ApplyScoreMods(c, b, h, q_first, q_count, j0, rows, row_bits, additive, sc.s, sc.cap_grad,
+                   sc.program_in);
   }
   if (row_bits != nullptr || rows < T) ApplyMask(row_bits, q_count, rows, sc.s);
   Weights(c.lse + (b * p.q_heads + h) * p.q_len + q_first, q_count, !guarded, sc.s);
@@ -258,7 +274,7 @@ void TilePair(const BackwardContext& c, const BackwardItem& item, const Backward
 
   // dP = dO·Vᵀ, then dS = P∘(dP − D).
   unit.backward_dp(c, pair, sc);
-  ScoreGradients(c, b, h, q_first, q_count, j0, rows, sc.s, c.delta + row0, sc.cap_grad, sc.ds);
+  ScoreGradients(c, b, h, q_first, q_count, j0, rows, sc.s, c.delta + row0, sc, sc.ds);
 
   // dV_j += Σ_i P_ij·dO_i   dK_j += Σ_i dS_ij·Q_i   dQ_chunk,i += Σ_j dS_ij·K_j
   unit.backward_accumulate(c, item, pair, sc);
@@ -366,6 +382,7 @@ void BackwardScratch::reserve(int64_t head_dim, int64_t value_dim, int64_t unit_
                            {&s, T * T},
                            {&ds, T * T},
                            {&cap_grad, T * T},
+                           {&program_in, T * T},
                            {&dk, T * d_padded},
                            {&dv, T * e_padded},
                            {&row, std::max(d_padded, e_padded)},

@@ -37,7 +37,7 @@ struct BackwardContext {
   // [B, Hq, q_tiles]: 1 when the tile's Q and dO rows are all finite, so that 0·x = 0 and the
   // products need no guard against NaN from hidden pairs.
   const uint8_t* q_tile_finite = nullptr;
-  bool score_mods = false;  // softcap, ALiBi, bias, threshold or additive masks present
+  bool score_mods = false;  // softcap, ALiBi, bias, a program, threshold or additive masks
   int64_t chunks = 1;       // key tiles are dealt round-robin to this many chunks
   int64_t dq_width = 0;     // D rounded up to a multiple of 16: row width of dq_partial
   int64_t dv_width = 0;     // Dv rounded up likewise
@@ -77,14 +77,17 @@ struct BackwardScratch {
   float* k_rows = nullptr;          // [64][dq_width]  K rows, zero padded (when not read in place)
   const float* k_source = nullptr;  // K rows of the current tile for dQ: k_rows or K itself
   int64_t k_source_stride = 0;
-  float* v_t = nullptr;       // [Dv][64] Vᵀ
-  float* s = nullptr;         // [64][64] scores, then P
-  float* ds = nullptr;        // [64][64] dP, then dS
-  float* cap_grad = nullptr;  // [64][64] 1 − tanh²(s/cap) with softcap
-  float* dk = nullptr;        // [64][dq_width] Σ_i dS_ij·Q_i of the key tile, one row per key
-  float* dv = nullptr;        // [64][dv_width] Σ_i P_ij·dO_i
-  float* row = nullptr;       // [max(D, Dv)]
-  uint64_t* bits = nullptr;   // [64 + 64] a partial tile's mask, per key then per query
+  float* v_t = nullptr;         // [Dv][64] Vᵀ
+  float* s = nullptr;           // [64][64] scores, then P
+  float* ds = nullptr;          // [64][64] dP, then dS
+  float* cap_grad = nullptr;    // [64][64] 1 − tanh²(s/cap) with softcap
+  float* program_in = nullptr;  // [64][64] the scores entering a score program
+  // The current item's table-gradient buffers (TableGradients::Lease), or null.
+  double* const* table_grads = nullptr;
+  float* dk = nullptr;       // [64][dq_width] Σ_i dS_ij·Q_i of the key tile, one row per key
+  float* dv = nullptr;       // [64][dv_width] Σ_i P_ij·dO_i
+  float* row = nullptr;      // [max(D, Dv)]
+  uint64_t* bits = nullptr;  // [64 + 64] a partial tile's mask, per key then per query
   // The product unit's own operands (ProductUnit::backward_thread_bytes), 64-byte aligned, the
   // arena's last piece: the unit's file carves them (amx.cc: bf16 pairs, transposed accumulators).
   void* unit = nullptr;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/element.h"
+#include "core/store_f32.h"
 #include "kernels/score_chain.h"
 #include "maskattn/memory.h"
 
@@ -220,8 +221,30 @@ struct BackwardScratch {
   std::vector<double> dk, dv;
 };
 
+// dS through a score program at the pair: ×∂program/∂s (f32, the program's arithmetic; the
+// product in f64), and dS·∂program/∂table into the wanted tables' sums.
+double through_program(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j, double s0,
+                       double dS, double* const* dtables) {
+  const ResolvedMods& mods = *p.mods;
+  const float s_in = static_cast<float>(
+      detail::program_input_score(mods, *p.mask, p.mask->has_additive(), b, h, i, j, s0));
+  ProgramTile pair;
+  pair.b = b;
+  pair.h = h;
+  pair.q0 = i + mods.q_origin;
+  pair.kv0 = j + mods.k_origin;
+  if (dtables != nullptr) {
+    float table_ds = static_cast<float>(dS);
+    mods.program->score_tile_backward(pair, &s_in, &table_ds, dtables);
+  }
+  float slope = 1.0f;
+  mods.program->score_tile_backward(pair, &s_in, &slope, nullptr);
+  return dS * slope;
+}
+
 void backward_kv_head(const Problem& p, const TensorView& dout, const Gradients& grads, int64_t b,
-                      int64_t g, BackwardScratch& scratch, double* dbias, double* dsinks) {
+                      int64_t g, BackwardScratch& scratch, double* dbias, double* dsinks,
+                      double* const* dtables) {
   const ResolvedMods& mods = *p.mods;
   RowScratch& row = scratch.row;
   std::fill(scratch.dk.begin(), scratch.dk.end(), 0.0);
@@ -265,6 +288,9 @@ void backward_kv_head(const Problem& p, const TensorView& dout, const Gradients&
             scratch.dv[j * p.value_dim + e] += P * scratch.dout_row[e];  // dV_j += P_ij·dO_i
           }
           double dS = P * (dP - D);  // ∂L/∂s_ij, s the final score (softmax backward)
+          if (mods.program != nullptr) {
+            dS = through_program(p, b, h, i, j, scratch.s0[j], dS, dtables);
+          }
           if (dbias != nullptr) dbias[mods.bias_offset(b, h, i, j)] += dS;
           if (mods.softcap) {  // s = cap·tanh(s0/cap)  ⇒  ∂s/∂s0 = 1 − tanh²(s0/cap)
             const double t = std::tanh(scratch.s0[j] / *mods.softcap);
@@ -300,7 +326,22 @@ void backward_kv_head(const Problem& p, const TensorView& dout, const Gradients&
 }  // namespace
 
 void backward(const Problem& p, const TensorView& dout, const Gradients& grads) {
-  const bool shared_outputs = !grads.dbias.is_null() || !grads.dsinks.is_null();
+  // Table gradients of a score program: one f64 sum per element, like dbias.
+  std::vector<std::vector<double>> dtables;
+  std::vector<double*> dtable_pointers;
+  bool any_table = false;
+  if (p.mods->program != nullptr && !grads.dtables.empty()) {
+    dtables.resize(grads.dtables.size());
+    for (size_t t = 0; t < grads.dtables.size(); ++t) {
+      if (grads.dtables[t].is_null()) continue;
+      dtables[t].assign(grads.dtables[t].numel(), 0.0);
+      any_table = true;
+    }
+    for (std::vector<double>& table : dtables) {
+      dtable_pointers.push_back(table.empty() ? nullptr : table.data());
+    }
+  }
+  const bool shared_outputs = !grads.dbias.is_null() || !grads.dsinks.is_null() || any_table;
   std::vector<double> dbias, dsinks;
   if (!grads.dbias.is_null()) dbias.assign(grads.dbias.numel(), 0.0);
   if (!grads.dsinks.is_null()) dsinks.assign(p.q_heads, 0.0);
@@ -329,7 +370,8 @@ void backward(const Problem& p, const TensorView& dout, const Gradients& grads) 
       try {
         backward_kv_head(p, dout, grads, pair / p.kv_heads, pair % p.kv_heads, *scratch,
                          dbias.empty() ? nullptr : dbias.data(),
-                         dsinks.empty() ? nullptr : dsinks.data());
+                         dsinks.empty() ? nullptr : dsinks.data(),
+                         any_table ? dtable_pointers.data() : nullptr);
       } catch (...) {
 #pragma omp critical(maskattn_reference_failure)
         if (!failure) failure = std::current_exception();
@@ -348,6 +390,11 @@ void backward(const Problem& p, const TensorView& dout, const Gradients& grads) 
   }
   for (int64_t h = 0; h < static_cast<int64_t>(dsinks.size()); ++h) {
     store(grads.dsinks, h * grads.dsinks.stride(0), dsinks[h]);
+  }
+  for (size_t t = 0; t < dtables.size(); ++t) {
+    if (dtables[t].empty()) continue;
+    const std::vector<float> values(dtables[t].begin(), dtables[t].end());
+    detail::store_f32(values.data(), grads.dtables[t], grads.accumulate);
   }
 }
 

@@ -47,6 +47,7 @@ struct TileLayout {
   const uint64_t* allowed = nullptr;  // per row r, bit x = pair allowed; null: all allowed
   bool additive = false;              // additive masks apply to this tile
   float* cap_grad = nullptr;          // if not null: ∂softcap/∂s per element, for the backward
+  float* program_input = nullptr;     // if not null: the scores entering the program (backward)
 };
 
 // The f32 vector arithmetic of the chain, positioned at row r, lanes [x0, x0 + N) of a tile.
@@ -125,22 +126,57 @@ struct TileScoreChain {
   }
 };
 
-// The chain on rows [0, tile.rows) of s (all 64 lanes each).
+// The score program on the tile's pairs, at global rows (Program::score_tile reads the tile in
+// place: key rows in the forward, query rows in the backward; 64 floats a row).
+HWY_INLINE void ApplyProgramToTile(const ResolvedMods& mods, const TileLayout& tile,
+                                   float* HWY_RESTRICT s) {
+  if (tile.rows <= 0 || tile.pair_lanes <= 0) return;
+  ProgramTile at;
+  at.b = tile.b;
+  at.h = tile.h;
+  at.query_rows = tile.keys_across_lanes;
+  at.q0 = tile.q_first + mods.q_origin;
+  at.kv0 = tile.k_first + mods.k_origin;
+  at.nq = tile.keys_across_lanes ? tile.rows : tile.pair_lanes;
+  at.nk = tile.keys_across_lanes ? tile.pair_lanes : tile.rows;
+  at.row_stride = kChainTileLanes;
+  mods.program->score_tile(at, s);
+}
+
+// The chain on rows [0, tile.rows) of s (all 64 lanes each). Without a program, one pass of
+// vectors; with one: the head of the chain on vectors, the program on the whole tile (its
+// interpreter pays its dispatch once per tile), then the tail on vectors.
 HWY_INLINE void ApplyScoreChainToTile(const ResolvedMods& mods, const ResolvedMask& mask,
                                       const TileLayout& tile, float* HWY_RESTRICT s) {
   using DF = hn::ScalableTag<float>;
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   TileScoreChain<DF> chain{mods, mask, tile, df};
+  const bool program = mods.program != nullptr;
+  // Qualified: the scalar maskattn::detail versions must not be found through ADL.
   for (int64_t r = 0; r < tile.rows; ++r) {
     chain.set_row(r);
     for (int64_t x0 = 0; x0 < kChainTileLanes; x0 += N) {
       chain.x0 = x0;
       float* at = s + r * kChainTileLanes + x0;
-      // Qualified: the scalar maskattn::detail::ApplyScoreChain must not be found through ADL.
-      const auto modified =
-          fused::HWY_NAMESPACE::ApplyScoreChain(mods, tile.additive, chain, hn::LoadU(df, at));
-      hn::StoreU(modified, df, at);
+      auto v =
+          fused::HWY_NAMESPACE::ApplyScoreChainHead(mods, tile.additive, chain, hn::LoadU(df, at));
+      if (!program) v = fused::HWY_NAMESPACE::ApplyScoreChainTail(mods, chain, v);
+      hn::StoreU(v, df, at);
+    }
+  }
+  if (!program) return;
+  if (tile.program_input != nullptr) {
+    std::copy(s, s + tile.rows * kChainTileLanes, tile.program_input);
+  }
+  ApplyProgramToTile(mods, tile, s);
+  if (!mods.threshold) return;
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    chain.set_row(r);
+    for (int64_t x0 = 0; x0 < kChainTileLanes; x0 += N) {
+      chain.x0 = x0;
+      float* at = s + r * kChainTileLanes + x0;
+      hn::StoreU(fused::HWY_NAMESPACE::ApplyScoreChainTail(mods, chain, hn::LoadU(df, at)), df, at);
     }
   }
 }

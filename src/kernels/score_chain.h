@@ -1,6 +1,6 @@
 // The score-modifier chain: the one place its order is written (docs/design.md §3).
 //
-//     s  →  softcap  →  ALiBi  →  bias  →  additive masks  →  score_fn  →  threshold
+//     s  →  softcap  →  ALiBi  →  bias  →  additive masks  →  score_fn or program  →  threshold
 //
 // Every kernel runs this chain between its product S = scale·Q·Kᵀ and its softmax, each in its
 // own arithmetic: the f64 reference and the row (decode) kernel on one f64 score at a time
@@ -43,6 +43,10 @@ struct ScalarScoreChain {
   double bias(double s) const { return s + mods.bias[mods.bias_offset(b, h, i, j)]; }
   double additive(double s) const { return s + mask.additive(b, h, i, j); }
   double score_fn(double s) const { return mods.call_score_fn(s, b, h, i, j); }
+  // A program's arithmetic is f32 (program.h): the score enters rounded to f32.
+  double program(double s) const {
+    return mods.program->score(static_cast<float>(s), b, h, i + mods.q_origin, j + mods.k_origin);
+  }
   double threshold(double s) const { return s < *mods.threshold ? -INFINITY : s; }
 };
 
@@ -53,6 +57,13 @@ inline double modified_score(const ResolvedMods& mods, const ResolvedMask& mask,
                              int64_t b, int64_t h, int64_t i, int64_t j, double s) {
   ScalarScoreChain chain{mods, mask, b, h, i, j};
   return ApplyScoreChain(mods, additive, chain, s);
+}
+
+// The score entering the program (the chain's head, score_chain_steps.h), for its backward.
+inline double program_input_score(const ResolvedMods& mods, const ResolvedMask& mask, bool additive,
+                                  int64_t b, int64_t h, int64_t i, int64_t j, double s) {
+  ScalarScoreChain chain{mods, mask, b, h, i, j};
+  return ApplyScoreChainHead(mods, additive, chain, s);
 }
 
 }  // namespace maskattn::detail

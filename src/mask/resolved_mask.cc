@@ -116,6 +116,17 @@ BroadcastStrides check_layout(const component::BlockSparse& sparse, const MaskSh
   }
 }
 
+// Program::check over the whole problem; a label other than the program's own (the CLI's
+// "--mask SPEC") leads the message, so the user sees which argument it came from.
+void check_program(const Program& program, const MaskShape& shape, const std::string& label) {
+  try {
+    program.check({shape.batch, shape.q_heads, shape.q_len, shape.k_len});
+  } catch (const Error& error) {
+    if (label.rfind("program `", 0) == 0) throw;
+    throw Error(label + ": " + error.what());
+  }
+}
+
 }  // namespace
 
 // The whole problem's shape: the call's, with the frame's totals. A frame must contain the call.
@@ -208,7 +219,7 @@ ResolvedMask::ResolvedMask(const Mask& mask, const MaskShape& call_shape, const 
     } else if (const auto* program = std::get_if<component::ProgramMask>(&part)) {
       // Proven free of out-of-range reads over the whole problem before any evaluation, so the
       // kernels' tile evaluations cannot fail half-way through a call.
-      program->program.check({shape.batch, shape.q_heads, shape.q_len, shape.k_len});
+      check_program(program->program, shape, label);
       programs_.push_back({&program->program, n});
     }
   }

@@ -46,6 +46,20 @@ ResolvedMods::ResolvedMods(const ScoreMods& mods, const MaskShape& call_shape, c
     bias = mods.bias->data();
   }
   if (mods.score_fn) score_fn = &mods.score_fn;
+  if (mods.program) {
+    if (mods.program->kind() != ProgramKind::score) {
+      throw Error("ScoreMods::program: `" + mods.program->text() +
+                  "` is a mask program (a bool); a score modifier needs a score program (a "
+                  "number): give it to Mask::program instead");
+    }
+    if (mods.score_fn) {
+      throw Error(
+          "ScoreMods: score_fn and program are both set; they take the same place in the "
+          "chain, give one (the program has a backward)");
+    }
+    mods.program->check({shape.batch, shape.q_heads, shape.q_len, shape.k_len});
+    program = &*mods.program;
+  }
   if (mods.threshold) {
     if (std::isnan(*mods.threshold)) throw Error("threshold is NaN");
     threshold = mods.threshold;

@@ -14,7 +14,8 @@ namespace maskattn::detail {
 
 struct ResolvedMods {
   // Throws Error for a non-positive softcap, slopes or sinks that are not [Hq] or not finite, a
-  // bias that does not broadcast, or a NaN threshold.
+  // bias that does not broadcast, a NaN threshold, a mask program or a score_fn beside a program
+  // (E129), a program that could read outside a table (E128).
   // `shape` is the call's; with a frame (mask.h) the bias is checked against the whole problem
   // and read, like score_fn's indices, at global rows. count_sinks = false drops the sinks (they
   // belong to another part of a split).
@@ -34,6 +35,8 @@ struct ResolvedMods {
   const float* bias = nullptr;          // broadcast by bias_index, or null
   BroadcastStrides bias_index;
   const ScoreFunction* score_fn = nullptr;
+  // A score program, checked over the whole problem (Program::check); evaluated at global rows.
+  const Program* program = nullptr;
   std::optional<double> threshold;
   const float* sinks = nullptr;        // [Hq] or null
   int64_t q_origin = 0, k_origin = 0;  // the frame's offsets

@@ -109,7 +109,7 @@ int run_attend(const AttendArgs& args) {
   const InputTensor v = load_input("--v", args.v);
   require_same_layout({&q, &k, &v}, "q, k and v");
   const DType dtype = choose_dtype(args.dtype, {&q, &k, &v});
-  const MaskSpecs specs = parse_mask_specs(args.masks, q.file_rank == 3);
+  const MaskSpecs specs = parse_mask_specs(args.masks, args.mods, q.file_rank == 3);
   const Options options = call_options(args.scale, args.threads, args.kernel, args.products);
   const ComputeInput q_in(q, dtype), k_in(k, dtype), v_in(v, dtype);
   const Computation c{q_in.view(), k_in.view(), v_in.view(), specs, options, dtype};
@@ -128,7 +128,7 @@ int run_attend(const AttendArgs& args) {
   try {
     compute();  // with --repeat, this is the warm-up
   } catch (const Error& error) {
-    throw Error(error.what() + input_files({&q, &k, &v}));
+    throw Error(naming_program_spec(error.what(), specs.programs) + input_files({&q, &k, &v}));
   }
   if (args.repeat > 0) print_timing(compute, args.repeat);
 

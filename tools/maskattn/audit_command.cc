@@ -124,6 +124,7 @@ int run_audit(const AuditArgs& args) {
   Mask mask, expected;
   ScoreMods mods, expected_mods;
   for (const std::string& spec : args.masks) apply_mask_spec(spec, mask, mods, spec);
+  for (const std::string& spec : args.mods) apply_mod_spec(spec, mods, spec);
   for (const std::string& spec : args.expect) {
     apply_mask_spec(spec, expected, expected_mods, spec);
   }
@@ -137,7 +138,15 @@ int run_audit(const AuditArgs& args) {
   options.dtype = parse_dtype(args.dtype, "--dtype");
   options.kernel = parse_kernel(args.kernel, "--kernel");
   options.seed = args.seed;
-  const AuditReport r = audit_mask(mask, mods, args.expect.empty() ? nullptr : &expected, options);
+  AuditReport r;
+  try {
+    r = audit_mask(mask, mods, args.expect.empty() ? nullptr : &expected, options);
+  } catch (const Error& error) {
+    std::vector<std::string> specs = args.masks;
+    specs.insert(specs.end(), args.mods.begin(), args.mods.end());
+    specs.insert(specs.end(), args.expect.begin(), args.expect.end());
+    throw Error(naming_program_spec(error.what(), specs));
+  }
 
   fmt::print("audit: mask {}; expected {}\n", mask.describe(),
              args.expect.empty() ? "(not given: only the kernel is checked)" : expected.describe());
@@ -185,6 +194,7 @@ Command add_audit_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "audit", "leakage audit: perturb every key and value, compare what changes with the mask");
   add_mask_option(command, args->masks, "the mask under test (SPECs as in attend)");
+  add_mod_option(command, args->mods);
   command->add_option("--expect", args->expect, "the mask you meant (SPECs); optional")
       ->take_all()
       ->allow_extra_args(false);

@@ -37,6 +37,16 @@ inline CLI::Option* add_mask_option(CLI::App* command, std::vector<std::string>&
   return command->add_option("--mask", masks, help)->take_all()->allow_extra_args(false);
 }
 
+// --mod: the score modifiers, apart from the mask (--mask still takes their older forms).
+inline CLI::Option* add_mod_option(CLI::App* command, std::vector<std::string>& mods) {
+  return command
+      ->add_option("--mod", mods,
+                   "score modifier SPEC: softcap:X, alibi:FILE, bias:FILE, sinks:FILE, "
+                   "threshold:X or a score program expr:PROGRAM[:NAME=FILE]...; repeat to combine")
+      ->take_all()
+      ->allow_extra_args(false);
+}
+
 inline CLI::Option* add_dtype_option(CLI::App* command, std::string& dtype,
                                      const std::string& help) {
   return command->add_option("--dtype", dtype, help)
@@ -89,6 +99,10 @@ inline void require_ring_for_stats(const std::string& ring, const std::string& r
   }
 }
 
+// --mask's help where the command computes attention (modifiers are --mod's, but --mask has
+// always taken them and still does).
+inline const char* const kMaskHelp = "mask SPEC (or a modifier SPEC, as --mod); repeat to combine";
+
 // What the shared compute options say in --help where a command words them its own way.
 struct ComputeOptionHelp {
   std::string scale = "score scale (default 1/sqrt(D))";
@@ -96,13 +110,14 @@ struct ComputeOptionHelp {
 };
 
 // The options of the commands that compute attention from files (attend, grad, mha): --mask,
-// --scale, --dtype, --threads and --kernel. A command's own options that --help has always
+// --mod, --scale, --dtype, --threads and --kernel. A command's own options that --help has always
 // listed among them are registered by `after_mask` (before --scale) and `after_scale`.
 template <typename Args>
 void add_compute_options(CLI::App* command, Args& args, const ComputeOptionHelp& help = {},
                          const std::function<void()>& after_mask = {},
                          const std::function<void()>& after_scale = {}) {
-  add_mask_option(command, args.masks, "mask or modifier SPEC; repeat to combine");
+  add_mask_option(command, args.masks, kMaskHelp);
+  add_mod_option(command, args.mods);
   if (after_mask) after_mask();
   command->add_option("--scale", args.scale, help.scale);
   if (after_scale) after_scale();

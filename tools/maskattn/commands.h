@@ -37,6 +37,7 @@ Command add_info_command(CLI::App& app);
 struct AttendArgs {
   std::string q, k, v, out;
   std::vector<std::string> masks;
+  std::vector<std::string> mods;  // --mod SPECs
   std::optional<double> scale;
   std::string lse, weights;  // empty = not written
   std::string dtype;         // "" = the files' dtype
@@ -58,6 +59,7 @@ int run_attend_ring(const AttendArgs& args);
 struct GradArgs {
   std::string q, k, v, dout, dq, dk, dv;
   std::vector<std::string> masks;
+  std::vector<std::string> mods;  // --mod SPECs
   std::optional<double> scale;
   std::string dtype;  // "" = the files' dtype
   int threads = 0;
@@ -72,6 +74,7 @@ int run_grad_ring(const GradArgs& args);
 // maskattn gradcheck: finite differences on random inputs; exit 1 above the tolerance.
 struct GradcheckArgs {
   std::vector<std::string> masks;
+  std::vector<std::string> mods;  // --mod SPECs
   int64_t batch = 1, heads = 2, kv_heads = 0, q_len = 8, k_len = 8, dim = 4, value_dim = 4;
   std::optional<double> scale;
   std::string dtype = "f32";
@@ -86,6 +89,7 @@ int run_gradcheck(const GradcheckArgs& args);
 // maskattn audit: the leakage audit; exit 1 on any leak, blind spot or kernel leak.
 struct AuditArgs {
   std::vector<std::string> masks, expect;
+  std::vector<std::string> mods;  // --mod SPECs of the mask under test
   int64_t q_len = 0, k_len = 0, batch = 1, heads = 1, kv_heads = 0, dim = 8;
   std::string dtype = "f32";
   std::string kernel = "auto";
@@ -98,7 +102,8 @@ struct MhaArgs {
   std::string query, key, value, weights, out;  // key/value empty = self-attention
   int64_t heads = 0, kv_heads = 0;
   std::vector<std::string> masks;
-  bool incremental = false;  // one query at a time through a KV cache (causal)
+  std::vector<std::string> mods;  // --mod SPECs
+  bool incremental = false;       // one query at a time through a KV cache (causal)
   std::optional<double> scale;
   std::string dtype;  // "" = the files' dtype
   int threads = 0;

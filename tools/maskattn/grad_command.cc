@@ -28,7 +28,7 @@ int run_grad(const GradArgs& args) {
   const InputTensor dout = load_input("--dout", args.dout);
   require_same_layout({&q, &k, &v, &dout}, "q, k, v and dout");
   const DType dtype = choose_dtype(args.dtype, {&q, &k, &v, &dout});
-  const MaskSpecs parsed = parse_mask_specs(args.masks, q.file_rank == 3);
+  const MaskSpecs parsed = parse_mask_specs(args.masks, args.mods, q.file_rank == 3);
   const Options options = call_options(args.scale, args.threads, args.kernel, args.products);
 
   const ComputeInput q_in(q, dtype), k_in(k, dtype), v_in(v, dtype), dout_in(dout, dtype);
@@ -50,7 +50,8 @@ int run_grad(const GradArgs& args) {
     attention_backward(q_in.view(), k_in.view(), v_in.view(), out.view(), lse.view(),
                        dout_in.view(), {dq, dk, dv, {}, {}}, parsed.mask, parsed.mods, options);
   } catch (const Error& error) {
-    throw Error(error.what() + input_files({&q, &k, &v, &dout}));
+    throw Error(naming_program_spec(error.what(), parsed.programs) +
+                input_files({&q, &k, &v, &dout}));
   }
   files.commit();
   return 0;
@@ -77,7 +78,7 @@ int run_gradcheck(const GradcheckArgs& args) {
                 "small (at most 200000 elements)");
   }
   const DType dtype = parse_dtype(args.dtype, "--dtype");
-  const MaskSpecs parsed = parse_mask_specs(args.masks, false);
+  const MaskSpecs parsed = parse_mask_specs(args.masks, args.mods, false);
   detail::SplitMix64 random(args.seed);
   const auto make = [&](Dims shape) {
     std::vector<float> values(static_cast<size_t>(checked_numel(shape, "input")));
@@ -93,8 +94,13 @@ int run_gradcheck(const GradcheckArgs& args) {
   GradcheckOptions check;
   check.step = args.step;
   check.tolerance = args.tolerance;
-  const GradcheckReport report = gradcheck(q.view(), k.view(), v.view(), dout.view(), parsed.mask,
-                                           parsed.mods, options, check);
+  GradcheckReport report;
+  try {
+    report = gradcheck(q.view(), k.view(), v.view(), dout.view(), parsed.mask, parsed.mods, options,
+                       check);
+  } catch (const Error& error) {
+    throw Error(naming_program_spec(error.what(), parsed.programs));
+  }
 
   std::printf("gradcheck: kernel %s, dtype %s, q %s, k %s, v %s, seed %llu, step %g\n",
               args.kernel.c_str(), dtype_name(dtype), shape_string(q.shape()).c_str(),
@@ -142,7 +148,8 @@ Command add_gradcheck_command(CLI::App& app) {
   auto args = std::make_shared<GradcheckArgs>();
   CLI::App* command = app.add_subcommand(
       "gradcheck", "check the backward against finite differences on random inputs");
-  add_mask_option(command, args->masks, "mask or modifier SPEC; repeat to combine");
+  add_mask_option(command, args->masks, kMaskHelp);
+  add_mod_option(command, args->mods);
   command->add_option("--lq", args->q_len, "queries (default 8)");
   command->add_option("--lk", args->k_len, "keys (default 8)");
   command->add_option("--d", args->dim, "query/key head dim (default 4)");

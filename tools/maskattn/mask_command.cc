@@ -13,6 +13,7 @@
 #include "maskattn/error.h"
 #include "maskattn/heatmap.h"
 #include "maskattn/mask_spec.h"
+#include "npy_tensors.h"
 #include "print.h"
 
 namespace maskattn::cli {
@@ -94,7 +95,21 @@ void print_sparse_notes(const Mask& mask, int64_t batch) {
                  shape_string(sparse->layout.shape()), sparse->block_q,
                  sparse->block_q == 1 ? "query" : "queries", sparse->block_k,
                  sparse->block_k == 1 ? "key" : "keys");
+    } else if (const auto* program = std::get_if<component::ProgramMask>(&part)) {
+      // A program ignores the alignment printed above: say so, with the text it compiled to.
+      fmt::print("{}: program `{}` over row indices q, kv (top-left, whatever the alignment)\n",
+                 label, program->program.text());
     }
+  }
+}
+
+// allowed_pairs of (batch, head), with a program's errors naming its SPEC (npy_tensors.h).
+Array<uint8_t> allowed_slice(const Mask& mask, const MaskShape& shape, int64_t batch, int64_t head,
+                             const std::vector<std::string>& specs) {
+  try {
+    return allowed_pairs(mask, shape, batch, head);
+  } catch (const Error& error) {
+    throw Error(naming_program_spec(error.what(), specs));
   }
 }
 
@@ -123,7 +138,7 @@ int run_mask(const MaskArgs& args) {
   }
   const MaskShape shape = {std::max(extent.batch, args.batch + 1),
                            std::max(extent.heads, args.head + 1), args.q_len, args.k_len};
-  const Array<uint8_t> slice = allowed_pairs(mask, shape, args.batch, args.head);
+  const Array<uint8_t> slice = allowed_slice(mask, shape, args.batch, args.head, args.specs);
   fmt::print("mask: {}\n", mask.describe());
   fmt::print("batch {} of B={}, head {} of Hq={}; Lq={}, Lk={}, {} aligned\n", args.batch,
              shape.batch, args.head, shape.q_heads, args.q_len, args.k_len,
@@ -146,7 +161,7 @@ int run_mask(const MaskArgs& args) {
       panel.title = "b=" + std::to_string(args.batch) + " h=" + std::to_string(h);
       panel.rows = args.q_len;
       panel.cols = args.k_len;
-      panel.allowed = allowed_pairs(mask, shape, args.batch, h).values();
+      panel.allowed = allowed_slice(mask, shape, args.batch, h, args.specs).values();
       panels.push_back(std::move(panel));
     }
     const HeatmapLabels labels =

@@ -4,6 +4,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -63,6 +64,21 @@ std::vector<int64_t> keep_matrix(const component::Padding& padding, const std::s
   return keep;
 }
 
+// --incremental: a program sees the row indices of the call it is evaluated in, and each step is
+// a call of its own with one query: q would be 0 at every step, not the token's position. So
+// programs are refused there rather than silently evaluated at the wrong positions.
+void refuse_programs(const std::vector<std::string>& masks, const std::vector<std::string>& mods) {
+  for (const auto& [flag, specs] : {std::pair{"--mask ", &masks}, {"--mod ", &mods}}) {
+    for (const std::string& spec : *specs) {
+      if (spec.rfind("expr:", 0) != 0) continue;
+      throw Error(flag + spec +
+                  ": --incremental runs one call per step, where a program's q and kv are the "
+                  "step's row indices (q is always 0), not the tokens' positions; run without "
+                  "--incremental, or use structured SPECs (causal, window, alibi, …)");
+    }
+  }
+}
+
 // --incremental: each step has one query and one more key, so the padding SPECs, which are
 // sized by the whole sequence, are taken apart. Key padding becomes the cache's starts (left
 // padding: each row's padding must be a prefix, as in batched generation); query padding becomes
@@ -72,8 +88,10 @@ struct IncrementalSpecs {
   std::vector<int64_t> starts;      // [B]; empty: no key padding
   std::vector<int64_t> query_keep;  // [B·L]; empty: no query padding
 };
-IncrementalSpecs incremental_specs(const std::vector<std::string>& masks, int64_t batch,
+IncrementalSpecs incremental_specs(const std::vector<std::string>& masks,
+                                   const std::vector<std::string>& mods, int64_t batch,
                                    int64_t length) {
+  refuse_programs(masks, mods);
   IncrementalSpecs result;
   static const std::set<std::string> kPaddingKinds = {"key-lengths",  "key-starts", "key-keep",
                                                       "key-blocked",  "pad-id",     "query-lengths",
@@ -84,7 +102,7 @@ IncrementalSpecs incremental_specs(const std::vector<std::string>& masks, int64_
       others.push_back(spec);
       continue;
     }
-    const Mask parsed = parse_mask_specs({spec}, false).mask;
+    const Mask parsed = parse_mask_specs({spec}, {}, false).mask;
     const auto& padding = std::get<component::Padding>(parsed.components().front());
     const std::vector<int64_t> keep = keep_matrix(padding, spec, batch, length);
     if (padding.side == Side::query) {
@@ -114,7 +132,7 @@ IncrementalSpecs incremental_specs(const std::vector<std::string>& masks, int64_
       result.starts.push_back(start);
     }
   }
-  result.specs = parse_mask_specs(others, false);
+  result.specs = parse_mask_specs(others, mods, false);
   return result;
 }
 
@@ -133,7 +151,7 @@ struct Tokens {
 void decode_incrementally(const MultiHeadAttention& layer, const Tokens& query, const MhaArgs& args,
                           const LayerOptions& options, const MutableTensorView& out) {
   const int64_t batch = query.shape[0], length = query.shape[1];
-  const IncrementalSpecs steps = incremental_specs(args.masks, batch, length);
+  const IncrementalSpecs steps = incremental_specs(args.masks, args.mods, batch, length);
   KVCache cache = layer.make_cache(batch, length, options.dtype);
   if (!steps.starts.empty()) cache.set_starts(steps.starts);
   const int64_t width = query.shape[2], embed = layer.embed_dim();
@@ -191,12 +209,16 @@ int run_mha(const MhaArgs& args) {
   if (args.incremental) {
     decode_incrementally(layer, query_tokens, args, options, out);
   } else {
-    const MaskSpecs specs = parse_mask_specs(args.masks, false);
+    const MaskSpecs specs = parse_mask_specs(args.masks, args.mods, false);
     std::optional<Tokens> key_tokens, value_tokens;  // cross-attention only
     if (cross) key_tokens.emplace(key), value_tokens.emplace(value);
     const Tokens& k = cross ? *key_tokens : query_tokens;
     const Tokens& v = cross ? *value_tokens : query_tokens;
-    layer.forward(query_tokens.view(), k.view(), v.view(), out, specs.mask, specs.mods, options);
+    try {
+      layer.forward(query_tokens.view(), k.view(), v.view(), out, specs.mask, specs.mods, options);
+    } catch (const Error& error) {
+      throw Error(naming_program_spec(error.what(), specs.programs));
+    }
   }
   files.commit();
   return 0;

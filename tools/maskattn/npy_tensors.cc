@@ -163,14 +163,38 @@ void require_same_layout(const std::vector<const InputTensor*>& inputs, const st
   }
 }
 
-MaskSpecs parse_mask_specs(const std::vector<std::string>& specs, bool one_head_layout) {
+MaskSpecs parse_mask_specs(const std::vector<std::string>& masks,
+                           const std::vector<std::string>& mods, bool one_head_layout) {
   MaskSpecs parsed;
   SpecOptions options;
   options.one_head_layout = one_head_layout;
-  for (const std::string& spec : specs) {
+  for (const std::string& spec : masks) {
     apply_mask_spec(spec, parsed.mask, parsed.mods, "--mask " + spec, options);
+    if (spec.rfind("expr:", 0) == 0) parsed.programs.push_back("--mask " + spec);
+  }
+  for (const std::string& spec : mods) {
+    apply_mod_spec(spec, parsed.mods, "--mod " + spec, options);
+    if (spec.rfind("expr:", 0) == 0) parsed.programs.push_back("--mod " + spec);
   }
   return parsed;
+}
+
+std::string naming_program_spec(const std::string& message,
+                                const std::vector<std::string>& programs) {
+  const std::string opening = "program `";
+  if (message.rfind(opening, 0) != 0) return message;
+  const size_t end = message.find('`', opening.size());
+  const std::string text = message.substr(opening.size(), end - opening.size());
+  for (const std::string& spec : programs) {
+    // "[--mask ]expr:TEXT[:NAME=FILE]...": the text runs to the next ':' (it never holds one).
+    const size_t kind = spec.find("expr:");
+    if (kind == std::string::npos) continue;
+    const size_t start = kind + 5;
+    if (spec.compare(start, spec.find(':', start) - start, text) == 0) {
+      return spec + ": " + message;
+    }
+  }
+  return message;
 }
 
 Options call_options(const std::optional<double>& scale, int threads, const std::string& kernel,

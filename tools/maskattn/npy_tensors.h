@@ -78,13 +78,22 @@ DType choose_dtype(const std::string& requested, const std::vector<const InputTe
 // Throws unless every input has the rank of the first ("give q, k and v in the same layout").
 void require_same_layout(const std::vector<const InputTensor*>& inputs, const std::string& names);
 
-// The --mask SPECs of a command, applied in order; with one-head inputs ([B,L,D] files), 3-D
-// dense files are read as [B,Lq,Lk].
+// The --mask SPECs of a command, applied in order, then its --mod SPECs; with one-head inputs
+// ([B,L,D] files), 3-D dense files are read as [B,Lq,Lk].
 struct MaskSpecs {
   Mask mask;
   ScoreMods mods;
+  std::vector<std::string> programs;  // the expr: SPECs as errors name them: "--mod expr:…"
 };
-MaskSpecs parse_mask_specs(const std::vector<std::string>& specs, bool one_head_layout);
+MaskSpecs parse_mask_specs(const std::vector<std::string>& masks,
+                           const std::vector<std::string>& mods, bool one_head_layout);
+
+// The library's errors from checking or evaluating a program during a call (errors.md E126,
+// E128) begin "program `TEXT`", which does not say which SPEC the program came from. This puts
+// the SPEC of `programs` (expr: SPECs, each with its flag or not) whose text it is in front, as
+// every other SPEC error has it; any other message is returned as it is.
+std::string naming_program_spec(const std::string& message,
+                                const std::vector<std::string>& programs);
 
 // Options from the --scale, --threads and --kernel flags.
 Options call_options(const std::optional<double>& scale, int threads, const std::string& kernel,
