@@ -35,6 +35,9 @@ namespace {
 
 constexpr int64_t T = kBackwardTile;
 constexpr int64_t kTargetItems = 16;  // split key tiles into chunks until this many items exist
+// ... but keep the per-chunk dQ partials within this many bytes (beyond one chunk's): at long
+// lengths one partial is already as large as dQ, and more items would not repay their memory.
+constexpr double kDqPartialBudget = 64.0 * (1 << 20);
 
 struct Backward;  // tag of this driver's reused() buffers
 
@@ -76,6 +79,12 @@ void store_all(const MutableTensorView& t, const float* values) {
   }
 }
 
+// The most chunks the dQ partials' budget allows: shapes only, so never the thread count.
+int64_t most_chunks(const Problem& p) {
+  const double partial = 4.0 * p.batch * p.q_heads * p.q_len * padded(p.head_dim);
+  return std::max<int64_t>(1, static_cast<int64_t>(kDqPartialBudget / std::max(partial, 1.0)));
+}
+
 int64_t table_gradient_elements(const Gradients& grads) {
   int64_t elements = 0;
   for (const MutableTensorView& view : grads.dtables) elements += view.is_null() ? 0 : view.numel();
@@ -94,7 +103,9 @@ void require_backward_memory(const Problem& p, const TensorView& out, const Tens
                                    : 4.0 * t.numel() / std::max<int64_t>(t.size(3), 1) * width;
   };
   const double dq_rows =
-      static_cast<double>(std::min<int64_t>(kTargetItems, std::max<int64_t>(k_tiles, 1))) * rows;
+      static_cast<double>(std::min<int64_t>(
+          most_chunks(p), std::min<int64_t>(kTargetItems, std::max<int64_t>(k_tiles, 1)))) *
+      rows;
   const double bytes =
       copy(p.q, padded(p.head_dim)) + copy(dout, padded(p.value_dim)) + copy(out, p.value_dim) +
       8.0 * rows + 4.0 * dq_rows * padded(p.head_dim) +
@@ -165,7 +176,7 @@ std::vector<BackwardItem> plan_items(const Problem& p, const BlockMap& blocks, b
   const int64_t b_items = all_batches ? 1 : p.batch, g_items = all_kv_heads ? 1 : p.kv_heads;
   const int64_t base_items = std::max<int64_t>(1, b_items * g_items);
   c.chunks = std::clamp<int64_t>((kTargetItems + base_items - 1) / base_items, 1,
-                                 std::max<int64_t>(k_tiles, 1));
+                                 std::max<int64_t>(std::min(k_tiles, most_chunks(p)), 1));
   if (with_dbias && bias_stride[3] == 0) c.chunks = 1;  // every key tile adds into one column
 
   std::vector<BackwardItem> items;
@@ -195,21 +206,42 @@ std::vector<BackwardItem> plan_items(const Problem& p, const BlockMap& blocks, b
   return items;
 }
 
-// Zeroed per-chunk dQ partials [chunks][rows][dq_width] into c.dq_partial.
-void clear_dq_partials(const Problem& p, BackwardContext& c) {
+// Whether the one chunk's partial can live in dQ itself: f32, rows of exactly dq_width floats,
+// [B, Hq, Lq, D] in order (no copy of dQ's size at long lengths).
+bool dq_in_place(const Problem& p, const BackwardContext& c, const MutableTensorView& dq) {
+  return c.chunks == 1 && dq.dtype() == DType::f32 && c.dq_width == p.head_dim &&
+         dq.stride(3) == 1 && dq.stride(2) == p.head_dim && dq.stride(1) == p.q_len * p.head_dim &&
+         dq.stride(0) == p.q_heads * p.q_len * p.head_dim;
+}
+
+// Zeroed per-chunk dQ partials [chunks][rows][dq_width] into c.dq_partial (dQ's own memory when
+// dq_in_place).
+void clear_dq_partials(const Problem& p, BackwardContext& c, const MutableTensorView& dq) {
   const int64_t dq_rows = c.chunks * p.batch * p.q_heads * p.q_len;
-  std::vector<float>& dq_partial = reused<float, Backward, 5>();
-  dq_partial.resize(dq_rows * c.dq_width);
-  c.dq_partial = dq_partial.data();
+  if (dq_in_place(p, c, dq)) {
+    c.dq_partial = static_cast<float*>(dq.mutable_data());
+  } else {
+    std::vector<float>& dq_partial = reused<float, Backward, 5>();
+    dq_partial.resize(dq_rows * c.dq_width);
+    c.dq_partial = dq_partial.data();
+  }
 #pragma omp parallel for schedule(static) num_threads(thread_count(p))
   for (int64_t row = 0; row < (c.dq_width > 0 ? dq_rows : 0); ++row) {
     std::memset(c.dq_partial + row * c.dq_width, 0, c.dq_width * sizeof(float));
   }
 }
 
-// dQ = scale·Σ_chunk partial, chunks in order, rounded once into dq's dtype.
+// dQ = scale·Σ_chunk partial, chunks in order, rounded once into dq's dtype. In place, the same
+// arithmetic (0 + partial, then × scale) on dQ's own memory.
 void store_dq(const Problem& p, const BackwardContext& c, const MutableTensorView& dq) {
   const int64_t rows = p.batch * p.q_heads * p.q_len;
+  if (c.dq_partial == dq.mutable_data()) {
+    const float scale = static_cast<float>(p.scale);
+#pragma omp parallel for schedule(static) num_threads(thread_count(p))
+    for (int64_t n = 0; n < rows * p.head_dim; ++n)
+      c.dq_partial[n] = (0.0f + c.dq_partial[n]) * scale;
+    return;
+  }
 #pragma omp parallel num_threads(thread_count(p))
   {
     std::vector<float> sum(c.dq_width);
@@ -283,7 +315,7 @@ void backward(const Problem& problem, const TensorView& out, const TensorView& l
   // ---- run; then dQ from its partials ----
   c.dq_width = padded(p.head_dim);
   c.dv_width = padded(p.value_dim);
-  clear_dq_partials(p, c);
+  clear_dq_partials(p, c, grads.dq);
   std::vector<int64_t> costs(items.size());
   for (size_t n = 0; n < items.size(); ++n) costs[n] = items[n].cost + 1;
   const int64_t unit_bytes = unit.backward_thread_bytes != nullptr
