@@ -10,7 +10,7 @@ PyTorch drop-ins with autograd: ``maskattn.torch``; the Hugging Face attention b
 ``maskattn.transformers``. docs/python.md is the guide.
 """
 
-from ._core import Error, Mask, ScoreMods, UNBOUNDED, gpt_loss_and_gradients
+from ._core import Error, Mask, Program, ScoreMods, UNBOUNDED, gpt_loss_and_gradients
 from ._api import (
     allowed_pairs,
     attention,
@@ -63,6 +63,7 @@ except Exception:  # not installed (a build tree on PYTHONPATH)
 __all__ = [
     "Error",
     "Mask",
+    "Program",
     "ScoreMods",
     "UNBOUNDED",
     "allowed_pairs",

@@ -167,6 +167,7 @@ def attention_backward(
     products="auto",
     return_mod_grads=False,
     frame=None,
+    return_table_grads=False,
 ):
     """Gradients (dq, dk, dv) of a loss given dout = ∂L/∂O, from what :func:`attention` returned.
 
@@ -176,7 +177,9 @@ def attention_backward(
     shape of ``mods.bias``) and dsinks (float32 [Hq]) are None when ``mods`` has no bias or sinks.
     Hidden pairs contribute exactly nothing: a fully hidden row has dq = 0. ``frame`` as in
     :func:`attention`: out and lse are the slice's merged results, the gradients the slice's rows,
-    and dbias the gradient of the whole bias (zero outside the slice).
+    and dbias the gradient of the whole bias (zero outside the slice). With
+    ``return_table_grads=True`` one more element follows: {table name: ∂L/∂table} (float32, the
+    table's shape) for each float32 table of ``mods.program`` (empty without a program).
     """
     scale = check_mask_mods_scale(mask, mods, scale)
     views, element = input_views(
@@ -194,13 +197,31 @@ def attention_backward(
             dbias = empty_like_framework(q, tuple(bias.shape), "float32")
         if len(mods.sinks) > 0:
             dsinks = empty_like_framework(q, (len(mods.sinks),), "float32")
+    table_grads = _table_grads(q, mods) if return_table_grads else {}
     _core.attention_backward(
-        qb, kb, vb, ob, lse_view, db, *grad_views, dbias, dsinks, mask, mods, scale,
-        threads_arg(threads), kernel, products, element, frame_values(frame),
+        qb, kb, vb, ob, lse_view, db, *grad_views, dbias, dsinks,
+        [core_view(g, "dtables", "")[0] if g is not None else None for g in table_grads.values()],
+        mask, mods, scale, threads_arg(threads), kernel, products, element, frame_values(frame),
     )
-    if return_mod_grads:
-        return (*grads, dbias, dsinks)
-    return tuple(grads)
+    result = (*grads, dbias, dsinks) if return_mod_grads else tuple(grads)
+    if return_table_grads:
+        return (*result, {name: g for name, g in table_grads.items() if g is not None})
+    return result
+
+
+def _table_grads(like, mods):
+    """{name: zeroed float32 gradient, or None for a table that has none} for every table of
+    ``mods.program``, in the program's order (the core takes one entry per table)."""
+    program = mods.program if mods is not None else None
+    if program is None:
+        return {}
+    grads = {}
+    for name, dtype, shape in program.tables:
+        grads[name] = None
+        if dtype == "float32":
+            grads[name] = empty_like_framework(like, shape, "float32")
+            grads[name][...] = 0
+    return grads
 
 
 def merge_partials(parts, *, dtype=None, out=None):

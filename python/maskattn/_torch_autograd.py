@@ -10,6 +10,9 @@ Design:
   autograd where its bias came from. :class:`ScoreMods` here mirrors its constructor but keeps the
   torch tensors: a ``bias`` or ``sinks`` tensor that requires grad is an input of the Function and
   receives ∂L/∂bias (reduced to its own shape by the C++ backward) and ∂L/∂sinks.
+* A score program's float32 tables (a learned relative-position table captured by a traced
+  ``score_mod``) are inputs of the Function too, read in place by the C++ program; the backward
+  returns their gradients (``Gradients::dtables``, the scatter-add of every pair's reads).
 * When nothing requires grad (inference, ``torch.no_grad()``), the Function is bypassed: the call
   goes straight to the C++ forward, without autograd bookkeeping.
 * The C++ results do not depend on the thread count, so neither do these.
@@ -30,29 +33,37 @@ from . import _api, _core
 Error = _core.Error
 
 __all__ = ["ScoreMods", "attention", "attention_and_lse", "Call", "COMPUTE_DTYPES", "check_mask",
-           "check_tensors", "core_mods_of"]
+           "check_tensors", "core_mods_of", "program_tables_of"]
 
 
 class ScoreMods:
     """``maskattn.ScoreMods`` for PyTorch: the same keywords, but ``bias`` and ``sinks`` may be
-    torch tensors that require grad, and then receive gradients.
+    torch tensors that require grad, and then receive gradients, and so may the float32 tables
+    of a ``program`` given as (text, {name: tensor}).
 
     ``bias`` broadcasts to [B, Hq, Lq, Lk] (rank ≤ 4) and is added to the scaled scores;
     ``sinks`` is [Hq]; ``softcap``, ``alibi_slopes``, ``threshold`` and ``score_fn`` are passed to
-    the C++ modifiers unchanged (docs/semantics.md §5 gives the order).
+    the C++ modifiers unchanged (docs/semantics.md §5 gives the order); ``program`` (a score
+    program: its text, (text, tables) or a maskattn.Program) too, its tables read in place.
     """
 
     def __init__(self, *, softcap=None, alibi_slopes=None, bias=None, score_fn=None,
-                 threshold=None, sinks=None):
+                 threshold=None, sinks=None, program=None):
         self.softcap = softcap
         self.alibi_slopes = alibi_slopes
         self.bias = bias
         self.score_fn = score_fn
         self.threshold = threshold
         self.sinks = sinks
+        self.program = program
 
     def core(self) -> _core.ScoreMods:
-        """The C++ modifiers holding a float32 copy of the current bias and sinks values."""
+        """The C++ modifiers holding a float32 copy of the current bias and sinks values (a
+        program's tables are read in place)."""
+        program = self.program
+        if isinstance(program, tuple) and len(program) == 2 and isinstance(program[1], dict):
+            program = (program[0], {name: table.detach() if isinstance(table, torch.Tensor)
+                                    else table for name, table in program[1].items()})
         return _core.ScoreMods(
             softcap=self.softcap,
             alibi_slopes=_float32_values(self.alibi_slopes),
@@ -60,11 +71,22 @@ class ScoreMods:
             score_fn=self.score_fn,
             threshold=self.threshold,
             sinks=_float32_values(self.sinks),
+            program=program,
         )
+
+    def program_tables(self):
+        """(names, tensors): the torch tensors among the program's tables, which the autograd
+        Function takes as inputs (the float32 ones that require grad get gradients)."""
+        if not (isinstance(self.program, tuple) and len(self.program) == 2
+                and isinstance(self.program[1], dict)):
+            return (), []
+        tables = [(n, t) for n, t in self.program[1].items() if isinstance(t, torch.Tensor)]
+        return tuple(n for n, _ in tables), [t for _, t in tables]
 
     def __repr__(self):
         parts = []
-        for name in ("softcap", "alibi_slopes", "bias", "score_fn", "threshold", "sinks"):
+        for name in ("softcap", "alibi_slopes", "bias", "score_fn", "threshold", "sinks",
+                     "program"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -92,6 +114,12 @@ class Call(NamedTuple):
     scale: Optional[float]
     layout: str
     threads: Optional[int]
+    table_names: tuple = ()  # mods.program's tables given to the Function, in its order
+
+
+def program_tables_of(mods):
+    """(names, tensors) of the torch tables of a maskattn.torch.ScoreMods' program."""
+    return mods.program_tables() if isinstance(mods, ScoreMods) else ((), [])
 
 
 def core_mods_of(mods):
@@ -170,16 +198,19 @@ def _release_saved_calls():
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """(q, k, v, bias, sinks) → (out, lse); lse is not differentiable."""
+    """(q, k, v, bias, sinks, *program tables) → (out, lse); lse is not differentiable."""
 
     @staticmethod
-    def forward(ctx, query, key, value, bias, sinks, call: Call):
+    def forward(ctx, query, key, value, bias, sinks, call: Call, *tables):
         out, lse = _forward(query, key, value, call)
-        ctx.save_for_backward(query, key, value, out, lse)
+        # The tables are saved only so that autograd refuses a backward after they were changed
+        # in place (the program reads them again then).
+        ctx.save_for_backward(query, key, value, out, lse, *tables)
         ctx.saved_call = _SavedCall(call)
         _live_saved_calls.add(ctx.saved_call)
         ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
         ctx.sinks_meta = None if sinks is None else (sinks.shape, sinks.dtype)
+        ctx.table_metas = [(t.shape, t.dtype) for t in tables]
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -190,15 +221,21 @@ class _AttentionFunction(torch.autograd.Function):
                 "maskattn has no double backward: its gradients are not differentiable "
                 "(backward with create_graph=True through maskattn attention)"
             )
-        query, key, value, out, lse = ctx.saved_tensors
+        query, key, value, out, lse = ctx.saved_tensors[:5]
         call = ctx.saved_call.call
-        dq, dk, dv, dbias, dsinks = _api.attention_backward(
+        wants_tables = any(ctx.needs_input_grad[6:])
+        grads = _api.attention_backward(
             query, key, value, out, lse, dout, call.mask, call.mods, scale=call.scale,
             layout=call.layout, threads=call.threads, return_mod_grads=True,
+            return_table_grads=wants_tables,
         )
+        dq, dk, dv, dbias, dsinks = grads[:5]
+        dtables = grads[5] if wants_tables else {}
         bias_grad = _mod_grad(dbias, ctx.bias_meta, ctx.needs_input_grad[3])
         sinks_grad = _mod_grad(dsinks, ctx.sinks_meta, ctx.needs_input_grad[4])
-        return dq, dk, dv, bias_grad, sinks_grad, None
+        table_grads = [_mod_grad(dtables.get(name), meta, needed) for name, meta, needed in
+                       zip(call.table_names, ctx.table_metas, ctx.needs_input_grad[6:])]
+        return (dq, dk, dv, bias_grad, sinks_grad, None, *table_grads)
 
 
 def _mod_grad(grad, meta, needed):
@@ -222,12 +259,14 @@ def _needs_autograd(*tensors) -> bool:
     return any(t is not None and t.requires_grad for t in tensors)
 
 
-def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None, want_lse=True):
+def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None, want_lse=True,
+                      tables=()):
     """(out, lse) with autograd when any input requires grad; ``bias``/``sinks`` are the torch
-    tensors whose float32 copies ``call.mods`` holds. Without autograd and ``want_lse=False``,
-    lse is None (not computing it saves an allocation: a few µs of a decoding step)."""
-    if _needs_autograd(query, key, value, bias, sinks):
-        return _AttentionFunction.apply(query, key, value, bias, sinks, call)
+    tensors whose float32 copies ``call.mods`` holds, ``tables`` the tensors its program reads
+    (named by ``call.table_names``, in order). Without autograd and ``want_lse=False``, lse is
+    None (not computing it saves an allocation: a few µs of a decoding step)."""
+    if _needs_autograd(query, key, value, bias, sinks, *tables):
+        return _AttentionFunction.apply(query, key, value, bias, sinks, call, *tables)
     if want_lse:
         return _forward(query, key, value, call)
     return _forward(query, key, value, call, return_lse=False), None
@@ -248,6 +287,8 @@ def attention(query, key, value, mask=None, mods=None, *, scale=None, layout="bh
     check_tensors((("query", query), ("key", key), ("value", value)))
     check_mask(mask)
     core_mods, bias, sinks = core_mods_of(mods)
-    call = Call(mask, core_mods, scale, layout, threads)
-    out, _ = attention_and_lse(query, key, value, call, bias, sinks, want_lse=False)
+    names, tables = program_tables_of(mods)
+    call = Call(mask, core_mods, scale, layout, threads, names)
+    out, _ = attention_and_lse(query, key, value, call, bias, sinks, want_lse=False,
+                               tables=tables)
     return out

@@ -2,23 +2,19 @@
 
 Design:
 
-* ``create_block_mask`` calls ``mask_mod`` **once per row chunk** (not once per pair), on
-  broadcast index tensors b [B,1,1,1], h [1,H,1,1], q_idx [1,1,rows,1], kv_idx [1,1,1,KV_LEN], so
-  a mask_mod written with torch operations (``&``, ``|``, ``torch.where``, indexing a
-  ``document_id`` tensor) is evaluated vectorised, with memory bounded by the chunk size. The
-  result is a dense keep mask that keeps the broadcast axes mask_mod did not use (a causal
-  mask_mod gives [1,1,Q,KV] whatever B and H are), stored in a maskattn ``Mask`` whose tile scan
-  (done once, then cached in the Mask) lets the kernels skip hidden tiles: the BlockMask.
-* ``score_mod`` cannot be called per pair from the C++ kernels at any useful speed, and maskattn
-  must never compute something else silently. So it is *probed*: evaluated on the index grid
-  with constant scores s ∈ {0, 1, −3, 37.5, ±1e6} (float64). If score_mod(s) − s is the same
-  for every probe, it only adds a term t(b,h,q,kv): t becomes a bias (differentiable when it
-  depends on tensors that require grad, e.g. a learned relative-position table). If instead
-  score_mod(s) − t = cap·tanh(s/cap) for one cap, it is a softcap (plus a bias t). A bias
-  t = −m_h·|q−kv| (or m_h·(kv−q) under a mask that hides every kv > q) is recognised as ALiBi and
-  given to maskattn as slopes, so no L×KV bias is stored. Anything else raises maskattn.Error,
-  and ``mods=`` takes maskattn's modifiers directly.
-* Positions are indices here (FlexAttention's q_idx, kv_idx), so the mask is top-left aligned.
+* ``mask_mod`` and ``score_mod`` are **traced** (_torch_trace: called once with symbolic b, h,
+  q_idx, kv_idx and score) into maskattn programs, which the kernels evaluate a 64 × 64 tile at a
+  time: no dense keep mask and no bias, O(tiles + captured tensors) memory at any length. The
+  tensors a mod indexes (``document_id[q_idx]``, ``rel[h, q_idx - kv_idx + L]``) are the
+  programs' tables, read in place; a float32 table that requires grad (a learned relative-position
+  bias, a per-head gate) is an input of the autograd Function and receives its gradient.
+* ``create_block_mask`` makes a maskattn ``Mask`` holding the mask program; its block map (empty /
+  full / partial tiles) is computed once, from the program, and cached in the Mask.
+* A PyTorch ``BlockMask`` given to ``flex_attention`` becomes one program as well: its traced
+  mask_mod inside its listed partial blocks, every pair of its full blocks (block tables of
+  ⌈Q/BLOCK⌉ × ⌈KV/BLOCK⌉ entries, read by the program) — what PyTorch's compiled kernel computes.
+* Positions are indices here (FlexAttention's q_idx, kv_idx): a program's q and kv are rows,
+  top-left, whatever the lengths.
 """
 
 from __future__ import annotations
@@ -30,45 +26,51 @@ import torch
 
 from . import _api, _core
 from ._torch_autograd import Call, attention_and_lse, check_tensors, core_mods_of
-from ._torch_score_mods import analyse_score_mod, call_index_function, index_grid, row_chunks
+from ._torch_trace import trace_mask_mod, trace_score_mod
 
 Error = _core.Error
 
 __all__ = ["BlockMask", "create_block_mask", "flex_attention"]
 
-_MASK_ELEMENTS_PER_CHUNK = 1 << 22  # bounds mask_mod's intermediates (int64: 32 MiB each)
-
 
 class BlockMask:
-    """A mask built by :func:`create_block_mask`: ``.mask`` is the maskattn Mask inside,
-    ``.shape`` is (B, H, Q_LEN, KV_LEN) with 1 for a broadcast B or H (as in PyTorch)."""
+    """A mask built by :func:`create_block_mask`: ``.mask`` is the maskattn Mask inside (a mask
+    program), ``.shape`` is (B, H, Q_LEN, KV_LEN) with 1 for a broadcast B or H (as in PyTorch)."""
 
-    def __init__(self, mask, shape, block_size, mask_mod, hides_future):
+    def __init__(self, mask, shape, block_size, mask_mod, program=None):
         self.mask = mask
         self.shape = tuple(shape)
         self.BLOCK_SIZE = tuple(block_size)
         self.mask_mod = mask_mod
-        self.hides_future = hides_future  # no allowed pair has kv_idx > q_idx
+        self.program = program  # the traced TracedProgram (None: every pair)
 
     @property
     def seq_lengths(self):
         return self.shape[2], self.shape[3]
 
     def allowed(self) -> torch.Tensor:
-        """The element-level mask [B, H, Q_LEN, KV_LEN] (bool, True = attend)."""
+        """The element-level mask [B, H, Q_LEN, KV_LEN] (bool, True = attend): Q_LEN × KV_LEN
+        bytes per (b, h), for inspection."""
         pairs = _api.allowed_pairs(self.mask, *self.shape)
         return torch.from_numpy(pairs).to(torch.bool)
 
     def to_dense(self) -> torch.Tensor:
         """The block-level mask [B, H, ⌈Q_LEN/BLOCK⌉, ⌈KV_LEN/BLOCK⌉] (int32, 1 = the block holds
-        an allowed pair), like PyTorch's ``BlockMask.to_dense()``."""
+        an allowed pair), like PyTorch's ``BlockMask.to_dense()``; from the tile scan, with no
+        element-level mask. Blocks of a multiple of 64 are read from the 64 × 64 tile scan the
+        Mask caches (and the kernels use), so inspecting costs no second scan."""
         block_q, block_k = self.BLOCK_SIZE
-        allowed = self.allowed()
-        batch, heads, q_len, kv_len = allowed.shape
-        rows, cols = -(-q_len // block_q), -(-kv_len // block_k)
-        padded = torch.zeros(batch, heads, rows * block_q, cols * block_k, dtype=torch.bool)
-        padded[:, :, :q_len, :kv_len] = allowed
-        blocks = padded.reshape(batch, heads, rows, block_q, cols, block_k)
+        tile_q = 64 if block_q % 64 == 0 else block_q
+        tile_k = 64 if block_k % 64 == 0 else block_k
+        tiles = torch.from_numpy(
+            _api.block_map(self.mask, *self.shape, tile_q=tile_q, tile_k=tile_k) != 0)
+        group_q, group_k = block_q // tile_q, block_k // tile_k
+        batch, heads, rows, cols = tiles.shape
+        padded = torch.zeros(batch, heads, -(-rows // group_q) * group_q,
+                             -(-cols // group_k) * group_k, dtype=torch.bool)
+        padded[:, :, :rows, :cols] = tiles
+        blocks = padded.reshape(batch, heads, padded.shape[2] // group_q, group_q,
+                                padded.shape[3] // group_k, group_k)
         return blocks.any(dim=5).any(dim=3).to(torch.int32)
 
     def sparsity(self) -> float:
@@ -106,49 +108,40 @@ def _block_size(block_size):
     return sizes
 
 
-def evaluate_mask_mod(mask_mod, batch, heads, q_len, kv_len):
-    """The keep mask [b, h, Q_LEN, KV_LEN] (b ∈ {1, B}, h ∈ {1, H}) and whether it hides every
-    kv_idx > q_idx."""
-    b, h, kv = index_grid(batch, heads, kv_len)
-    parts, hides_future = [], True
-    for q in row_chunks(q_len, batch, heads, kv_len, _MASK_ELEMENTS_PER_CHUNK):
-        target = (batch, heads, q.shape[2], kv_len)
-        allowed = call_index_function(mask_mod, "mask_mod", (b, h, q, kv), target, True)
-        hides_future = hides_future and not bool((allowed & (kv > q)).any())
-        parts.append(allowed.expand(-1, -1, q.shape[2], kv_len))
-    keep_batch = max(p.shape[0] for p in parts)
-    keep_heads = max(p.shape[1] for p in parts)
-    keep = torch.cat([p.expand(keep_batch, keep_heads, -1, -1) for p in parts], dim=2)
-    return keep, hides_future
+def _program_mask(program, shape) -> _core.Mask:
+    """The Mask of a compiled mask program, checked (E128) against the whole problem."""
+    program.check(*shape)
+    return _core.Mask().program(program).set_alignment("top_left")
 
 
-@torch.compiler.disable(reason="create_block_mask evaluates mask_mod on real tensors")
+@torch.compiler.disable(reason="create_block_mask traces mask_mod in Python")
 def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cpu", BLOCK_SIZE=128,
                       _compile=False):
     """``torch.nn.attention.flex_attention.create_block_mask`` for maskattn: ``mask_mod(b, h,
-    q_idx, kv_idx) → bool`` evaluated once into a reusable :class:`BlockMask`. ``B``/``H`` None
-    broadcast. ``_compile`` is accepted and ignored (the evaluation is already vectorised)."""
+    q_idx, kv_idx) → bool`` traced once into a mask program, in a reusable :class:`BlockMask`.
+    ``B``/``H`` None broadcast. ``_compile`` is accepted and ignored (nothing is evaluated here
+    but the tile scan)."""
     batch = _check_dimension(B, "B", True)
     heads = _check_dimension(H, "H", True)
     q_len = _check_dimension(Q_LEN, "Q_LEN", False)
     kv_len = _check_dimension(KV_LEN, "KV_LEN", False)
     block_size = _block_size(BLOCK_SIZE)
+    shape = (batch, heads, q_len, kv_len)
     if device is not None and torch.device(device).type != "cpu":
         raise Error(f"create_block_mask: device={device!r}; maskattn computes on the CPU "
                     f"(device='cpu')")
     if mask_mod is None:
-        mask = _core.Mask().set_alignment("top_left")
-        return BlockMask(mask, (batch, heads, q_len, kv_len), block_size, None, False)
+        return BlockMask(_core.Mask().set_alignment("top_left"), shape, block_size, None)
     if not callable(mask_mod):
         raise Error(f"create_block_mask: mask_mod must be callable, got {type(mask_mod).__name__}")
-    keep, hides_future = evaluate_mask_mod(mask_mod, batch, heads, q_len, kv_len)
-    mask = _core.Mask().keep(keep.numpy()).set_alignment("top_left")
-    return BlockMask(mask, (batch, heads, q_len, kv_len), block_size, mask_mod, hides_future)
+    traced = trace_mask_mod(mask_mod)
+    mask = _program_mask(traced.program(), shape)
+    return BlockMask(mask, shape, block_size, mask_mod, traced)
 
 
 class _TorchBlockMasks:
-    """PyTorch BlockMasks given to maskattn's flex_attention, converted once (by their
-    mask_mod) and remembered while they live."""
+    """PyTorch BlockMasks given to maskattn's flex_attention, converted once and remembered
+    while they live."""
 
     def __init__(self):
         self._entries = {}
@@ -167,54 +160,64 @@ class _TorchBlockMasks:
         return converted
 
 
-def _block_lists_to_pairs(num_blocks, indices, block_size, q_len, kv_len):
+def _block_table(num_blocks, indices, rows, cols):
     """PyTorch's per-row block lists (the first num_blocks[b, h, r] entries of indices[b, h, r]
-    are the key blocks of query block r) as a bool [b, h, Q_LEN, KV_LEN] of the pairs they
-    cover; None when there are no lists."""
+    are the key blocks of query block r) as a bool table [b·h, rows, cols] (b, h ∈ {1, B}, {1, H}),
+    and (b, h) sizes; None when there are no lists."""
     if num_blocks is None or indices is None:
         return None
-    block_q, block_k = block_size
-    rows, cols = -(-q_len // block_q), -(-kv_len // block_k)
     listed = torch.arange(indices.shape[-1]) < num_blocks.unsqueeze(-1).long()
     # Unlisted entries go to a spare column, dropped afterwards, so that scatter never clears.
     columns = torch.where(listed, indices.long().clamp(0, cols - 1), torch.tensor(cols))
     grid = torch.zeros(*indices.shape[:-1], cols + 1, dtype=torch.bool)
     grid.scatter_(-1, columns, True)
     grid = grid[..., :rows, :cols]
-    pairs = grid.repeat_interleave(block_q, dim=-2).repeat_interleave(block_k, dim=-1)
-    return pairs[..., :q_len, :kv_len]
+    table_batch, table_heads = grid.shape[0], grid.shape[1]
+    table = grid.reshape(table_batch * table_heads, rows, cols).contiguous()
+    return table, table_batch, table_heads
+
+
+def _block_read(name, table, block_size):
+    """The program text reading a block table at the pair's block: name[b·H + h, q // BQ, …]."""
+    _, table_batch, table_heads = table
+    b = "b" if table_batch > 1 else "0"
+    h = "h" if table_heads > 1 else "0"
+    row = f"{b} * {table_heads} + {h}" if table_batch > 1 else h
+    return f"{name}[{row}, q // {block_size[0]}, kv // {block_size[1]}]"
 
 
 def _convert_torch_block_mask(torch_block_mask):
-    """A PyTorch BlockMask as the pairs PyTorch's compiled flex_attention computes: mask_mod
-    inside the listed partial blocks, every pair of the full blocks, nothing elsewhere. (Through
-    mask_mod alone, a BlockMask made by BlockMask.from_kv_blocks, whose mask_mod allows
-    everything, would lose its block sparsity.)"""
-    batch, heads, q_len, kv_len = (int(n) for n in torch_block_mask.shape)
+    """A PyTorch BlockMask as the pairs PyTorch's compiled flex_attention computes, in one
+    program: mask_mod inside the listed partial blocks, every pair of the full blocks, nothing
+    elsewhere. (Through mask_mod alone, a BlockMask made by BlockMask.from_kv_blocks, whose
+    mask_mod allows everything, would lose its block sparsity.)"""
+    shape = tuple(int(n) for n in torch_block_mask.shape)
     block_size = tuple(int(n) for n in torch_block_mask.BLOCK_SIZE)
+    rows, cols = -(-shape[2] // block_size[0]), -(-shape[3] // block_size[1])
     mask_mod = torch_block_mask.mask_mod
-    keep, _ = (evaluate_mask_mod(mask_mod, batch, heads, q_len, kv_len) if mask_mod is not None
-               else (torch.ones(1, 1, q_len, kv_len, dtype=torch.bool), False))
-    partial = _block_lists_to_pairs(torch_block_mask.kv_num_blocks, torch_block_mask.kv_indices,
-                                    block_size, q_len, kv_len)
-    full = _block_lists_to_pairs(getattr(torch_block_mask, "full_kv_num_blocks", None),
-                                 getattr(torch_block_mask, "full_kv_indices", None), block_size,
-                                 q_len, kv_len)
-    if partial is not None:
-        keep = keep & partial
-    if full is not None:
-        keep = keep | full
-    hides_future = not bool((keep & torch.ones(q_len, kv_len, dtype=torch.bool).triu(1)).any())
-    mask = _core.Mask().keep(keep.contiguous().numpy()).set_alignment("top_left")
-    return BlockMask(mask, (batch, heads, q_len, kv_len), block_size, mask_mod, hides_future)
+    traced = trace_mask_mod(mask_mod) if mask_mod is not None else None
+    text = traced.text if traced is not None else "(0 == 0)"
+    tables = dict(traced.tables) if traced is not None else {}
+    partial = _block_table(torch_block_mask.kv_num_blocks, torch_block_mask.kv_indices, rows,
+                           cols)
+    full = _block_table(getattr(torch_block_mask, "full_kv_num_blocks", None),
+                        getattr(torch_block_mask, "full_kv_indices", None), rows, cols)
+    for name, table, combine in (("partial_blocks", partial, "&"), ("full_blocks", full, "|")):
+        if table is None:
+            continue
+        while name in tables:
+            name += "_"
+        tables[name] = table[0]
+        text = f"({text}) {combine} {_block_read(name, table, block_size)}"
+    program = _core.Program.mask(text, **{n: t.detach() for n, t in tables.items()})
+    return BlockMask(_program_mask(program, shape), shape, block_size, mask_mod, traced)
 
 
 _torch_block_masks = _TorchBlockMasks()
 
 
 def _our_block_mask(block_mask):
-    """None, a BlockMask, or a maskattn.Mask (used as it is: structured masks need no dense
-    keep mask); a PyTorch BlockMask is converted through its mask_mod."""
+    """None, a BlockMask, or a maskattn.Mask (used as it is); a PyTorch BlockMask is converted."""
     if block_mask is None or isinstance(block_mask, (BlockMask, _core.Mask)):
         return block_mask
     if type(block_mask).__name__ == "BlockMask" and hasattr(block_mask, "mask_mod"):
@@ -260,17 +263,28 @@ def _aux_output(lse):
     return AuxOutput(lse=lse, max_scores=None)
 
 
-@torch.compiler.disable(reason="maskattn's flex_attention evaluates score_mod on real tensors "
-                        "and takes a BlockMask holding a maskattn.Mask: it runs outside graphs")
+def _score_program(score_mod, query, key):
+    """(C++ ScoreMods holding the traced program, the names and tensors of its tables)."""
+    if not callable(score_mod):
+        raise Error(f"flex_attention: score_mod must be callable, got {type(score_mod).__name__}")
+    traced = trace_score_mod(score_mod)
+    program = traced.program()
+    program.check(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    names = tuple(name for name, _ in traced.tables)
+    return _core.ScoreMods(program=program), names, [tensor for _, tensor in traced.tables]
+
+
+@torch.compiler.disable(reason="maskattn's flex_attention traces score_mod in Python and takes "
+                        "a BlockMask holding a maskattn.Mask: it runs outside graphs")
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
                    enable_gqa=False, return_lse=False, kernel_options=None, *, return_aux=None,
                    mods=None):
     """``torch.nn.attention.flex_attention.flex_attention`` computed by maskattn, with autograd.
 
-    ``block_mask``: from :func:`create_block_mask` (a PyTorch BlockMask is converted through
-    its mask_mod), or a :class:`maskattn.Mask` (structured, with no dense keep mask; its own
-    alignment, bottom-right by default, applies). ``score_mod``: an additive term, a softcap or ALiBi (recognised by probing;
-    anything else raises maskattn.Error — give maskattn's modifiers as ``mods=`` instead).
+    ``score_mod(score, b, h, q_idx, kv_idx)``: traced into a score program evaluated per tile
+    in the kernels, with its derivative; the float32 tensors it indexes get gradients.
+    ``block_mask``: from :func:`create_block_mask`, a PyTorch BlockMask (converted once to a
+    program), or a :class:`maskattn.Mask` (its own alignment, bottom-right by default, applies).
     ``return_lse``: also the natural-log LSE [B, Hq, L] (float32, −inf for a row with no allowed
     key, whose output is 0). ``kernel_options`` only tune PyTorch's kernels: ignored.
     """
@@ -281,20 +295,20 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if score_mod is not None and mods is not None:
         raise Error("flex_attention: give score_mod or mods, not both (mods= takes maskattn's "
                     "modifiers for what score_mod cannot express)")
-    own_mask = isinstance(block_mask, _core.Mask)  # its positions need not be the indices
     if isinstance(block_mask, BlockMask):
-        mask, hides_future = block_mask.mask, block_mask.hides_future
-    elif own_mask:
-        mask, hides_future = block_mask, False
+        mask = block_mask.mask
+    elif isinstance(block_mask, _core.Mask):
+        mask = block_mask
     else:
-        mask, hides_future = _core.Mask().set_alignment("top_left"), False
+        mask = _core.Mask().set_alignment("top_left")
+    names, tables = (), []
     if score_mod is not None:
-        mods = analyse_score_mod(score_mod, query.shape[0], query.shape[1], query.shape[2],
-                                 key.shape[2], hides_future, positions_are_indices=not own_mask)
-    core_mods, bias, sinks = core_mods_of(mods)
-    call = Call(mask, core_mods, scale, "bhld", None)
-    out, lse = attention_and_lse(query, key, value, call, bias, sinks, want_lse)
+        core_mods, names, tables = _score_program(score_mod, query, key)
+        bias = sinks = None
+    else:
+        core_mods, bias, sinks = core_mods_of(mods)
+    call = Call(mask, core_mods, scale, "bhld", None, names)
+    out, lse = attention_and_lse(query, key, value, call, bias, sinks, want_lse, tables)
     if return_aux is not None:
         return out, _aux_output(lse if want_lse else None)
     return (out, lse) if want_lse else out
-

@@ -157,7 +157,8 @@ def mods_with_bias(mods, bias):
     if isinstance(mods, ScoreMods):
         total = bias if mods.bias is None else torch.as_tensor(mods.bias) + bias
         return ScoreMods(softcap=mods.softcap, alibi_slopes=mods.alibi_slopes, bias=total,
-                         score_fn=mods.score_fn, threshold=mods.threshold, sinks=mods.sinks)
+                         score_fn=mods.score_fn, threshold=mods.threshold, sinks=mods.sinks,
+                         program=mods.program)
     if isinstance(mods, _core.ScoreMods):
         if mods.has_score_fn:
             raise Error(
@@ -167,7 +168,8 @@ def mods_with_bias(mods, bias):
         core_bias = mods.bias  # a read-only view: torch.tensor copies it without a warning
         total = bias if core_bias is None else torch.tensor(core_bias) + bias
         return ScoreMods(softcap=mods.softcap, alibi_slopes=list(mods.alibi_slopes) or None,
-                         bias=total, threshold=mods.threshold, sinks=list(mods.sinks) or None)
+                         bias=total, threshold=mods.threshold, sinks=list(mods.sinks) or None,
+                         program=mods.program)
     return mods  # core_mods_of names the bad type
 
 

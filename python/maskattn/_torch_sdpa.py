@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 
 from . import _core
-from ._torch_autograd import Call, attention_and_lse, check_mask, check_tensors, core_mods_of
+from ._torch_autograd import (Call, attention_and_lse, check_mask, check_tensors, core_mods_of,
+                              program_tables_of)
 from ._torch_compile import BREAK_REASON, compiled_attention
 from ._torch_masks import check_causal_alignment, core_mask, mods_with_bias, split_attn_mask
 
@@ -158,8 +159,9 @@ def _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask
     if bias is not None:
         mods = mods_with_bias(mods, bias)
     core_mods, bias, sinks = core_mods_of(mods)
-    call = Call(call_mask, core_mods, scale, "bhld", None)
-    out, _ = attention_and_lse(q4, k4, v4, call, bias, sinks, want_lse=False)
+    names, tables = program_tables_of(mods)
+    call = Call(call_mask, core_mods, scale, "bhld", None, names)
+    out, _ = attention_and_lse(q4, k4, v4, call, bias, sinks, want_lse=False, tables=tables)
     return out
 
 

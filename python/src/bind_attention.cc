@@ -45,7 +45,8 @@ void backward_binding(const InputArray& q, const InputArray& k, const InputArray
                       const InputArray& out, const InputArray& lse, const InputArray& dout,
                       const OutputArray& dq, const OutputArray& dk, const OutputArray& dv,
                       const std::optional<OutputArray>& dbias,
-                      const std::optional<OutputArray>& dsinks, const Mask* mask,
+                      const std::optional<OutputArray>& dsinks, const nb::list& dtables,
+                      const Mask* mask,
                       const ScoreMods* mods, std::optional<double> scale, int threads,
                       const std::string& kernel, const std::string& products,
                       const std::string& element,
@@ -59,6 +60,11 @@ void backward_binding(const InputArray& q, const InputArray& k, const InputArray
   grads.dv = output_view(dv, "dv", element);
   grads.dbias = optional_output(dbias, "dbias", "");
   grads.dsinks = optional_output(dsinks, "dsinks", "");
+  for (nb::handle table : dtables) {  // one per program table; None: not wanted
+    grads.dtables.push_back(table.is_none()
+                                ? MutableTensorView()
+                                : output_view(nb::cast<OutputArray>(table), "dtables", ""));
+  }
   Options options = options_of(scale, threads, kernel, products, false);
   options.frame = frame_of(frame);
   compute_released(mask, mods, [&] {
@@ -95,8 +101,8 @@ void bind_attention(nb::module_& m) {
         arg("frame").none() = nb::none(), arg("count_sinks") = true);
   m.def("attention_backward", &backward_binding, arg("q"), arg("k"), arg("v"), arg("out"),
         arg("lse"), arg("dout"), arg("dq"), arg("dk"), arg("dv"), arg("dbias").none(),
-        arg("dsinks").none(), arg("mask").none(), arg("mods").none(), arg("scale").none(),
-        arg("threads"), arg("kernel"), arg("products"), arg("element"),
+        arg("dsinks").none(), arg("dtables"), arg("mask").none(), arg("mods").none(),
+        arg("scale").none(), arg("threads"), arg("kernel"), arg("products"), arg("element"),
         arg("frame").none() = nb::none());
   m.def("merge_partials", &merge_binding, arg("outs"), arg("lses"), arg("out"), arg("lse").none(),
         arg("element"));

@@ -17,6 +17,7 @@
 #include "maskattn/error.h"
 #include "maskattn/mask.h"
 #include "maskattn/score_mods.h"
+#include "program_tables.h"
 
 namespace maskattn::python {
 namespace {
@@ -185,18 +186,49 @@ void bind_mask_dense(nb::class_<Mask>& mask) {
           [](Mask& self, nb::handle allows, const std::string& name) -> Mask& {
             return self.predicate(PythonPredicate{hold_callable(allows)}, name);
           },
-          arg("allows"), arg("name") = "predicate", nb::rv_policy::reference);
+          arg("allows"), arg("name") = "predicate", nb::rv_policy::reference)
+      .def(
+          "program",
+          [](Mask& self, nb::handle program, nb::kwargs tables) -> Mask& {
+            return self.program(program_of(program, tables, ProgramKind::mask));
+          },
+          arg("program"), arg("tables"), nb::rv_policy::reference,
+          "A mask program: its text (q and kv are row indices, top-left as FlexAttention's "
+          "q_idx/kv_idx) with its tables as keywords (NumPy arrays or CPU tensors, read in "
+          "place), e.g. program('doc[q] == doc[kv]', doc=ids); or a maskattn.Program.");
 }
+
+namespace {
+
+// ScoreMods(program=): a maskattn.Program, its text, or (text, {name: table}).
+Program score_program(nb::handle program) {
+  if (nb::isinstance<nb::tuple>(program) && nb::len(program) == 2) {
+    nb::handle tables = program[1];
+    if (!nb::isinstance<nb::dict>(tables)) {
+      throw Error("program=(text, tables): tables must be a dict {name: array}, got " +
+                  nb::cast<std::string>(nb::type_name(tables.type())));
+    }
+    return program_of(program[0], nb::borrow<nb::dict>(tables), ProgramKind::score);
+  }
+  if (nb::isinstance<nb::tuple>(program)) {
+    throw Error("program must be a maskattn.Program, its text, or (text, {name: table}); got a "
+                "tuple of " + std::to_string(nb::len(program)));
+  }
+  return program_of(program, nb::dict(), ProgramKind::score);
+}
+
+}  // namespace
 
 void bind_score_mods(nb::module_& m) {
   nb::class_<ScoreMods>(m, "ScoreMods",
                         "What happens to an allowed pair's scaled score before the softmax: "
-                        "softcap → ALiBi + bias + additive masks → score_fn → threshold.")
+                        "softcap → ALiBi + bias + additive masks → score_fn or program → "
+                        "threshold.")
       .def(
           "__init__",
           [](ScoreMods* self, std::optional<double> softcap, nb::handle alibi_slopes,
              nb::handle bias, nb::handle score_fn, std::optional<double> threshold,
-             nb::handle sinks) {
+             nb::handle sinks, nb::handle program) {
             auto* mods = new (self) ScoreMods();
             mods->softcap = softcap;
             mods->threshold = threshold;
@@ -206,10 +238,17 @@ void bind_score_mods(nb::module_& m) {
             if (!bias.is_none()) mods->bias = float_array(bias, "bias");
             if (!score_fn.is_none()) mods->score_fn = PythonScoreFunction{hold_callable(score_fn)};
             if (!sinks.is_none()) mods->sinks = float_list(sinks, "sinks");
+            if (!program.is_none()) {
+              if (mods->score_fn) {
+                throw Error("ScoreMods: give score_fn or program, not both (a program takes "
+                            "score_fn's place)");
+              }
+              mods->program = score_program(program);
+            }
           },
           nb::kw_only(), arg("softcap") = nb::none(), arg("alibi_slopes") = nb::none(),
           arg("bias") = nb::none(), arg("score_fn") = nb::none(), arg("threshold") = nb::none(),
-          arg("sinks") = nb::none())
+          arg("sinks") = nb::none(), arg("program") = nb::none())
       .def_ro("softcap", &ScoreMods::softcap)
       .def_ro("threshold", &ScoreMods::threshold)
       .def_ro("alibi_slopes", &ScoreMods::alibi_slopes)
@@ -226,6 +265,7 @@ void bind_score_mods(nb::module_& m) {
                          mods.bias->data(), shape.size(), shape.data(), self));
                    })
       .def_prop_ro("has_score_fn", [](const ScoreMods& self) { return bool(self.score_fn); })
+      .def_ro("program", &ScoreMods::program)
       .def("empty", &ScoreMods::empty)
       .def("__repr__", [](const ScoreMods& self) {
         std::string text = "maskattn.ScoreMods(";
@@ -238,6 +278,7 @@ void bind_score_mods(nb::module_& m) {
           add("alibi_slopes[" + std::to_string(self.alibi_slopes.size()) + "]");
         if (self.bias) add("bias" + shape_string(self.bias->shape()));
         if (self.score_fn) add("score_fn");
+        if (self.program) add("program='" + self.program->text() + "'");
         if (self.threshold) add("threshold=" + std::to_string(*self.threshold));
         if (!self.sinks.empty()) add("sinks[" + std::to_string(self.sinks.size()) + "]");
         return text + ")";

@@ -9,6 +9,7 @@ namespace maskattn::python {
 
 namespace nb = nanobind;
 
+void bind_programs(nb::module_& m);              // Program (bind_program.cc)
 void bind_masks(nb::module_& m);                 // Mask, ScoreMods (bind_mask.cc)
 void bind_mask_padding(nb::class_<Mask>& mask);  // key_/query_ lengths, starts, keep, pad_id
 void bind_mask_dense(nb::class_<Mask>& mask);    // segments, spans, prefix, dense, predicate

@@ -11,6 +11,7 @@ NB_MODULE(_core, m) {
   m.doc() = "maskattn's C++ core; use the maskattn package, not this module";
   // maskattn::Error becomes maskattn.Error, a ValueError, with the catalogue's message.
   nb::exception<maskattn::Error>(m, "Error", PyExc_ValueError);
+  maskattn::python::bind_programs(m);  // before Mask and ScoreMods, which take Programs
   maskattn::python::bind_masks(m);
   maskattn::python::bind_layouts(m);
   maskattn::python::bind_attention(m);

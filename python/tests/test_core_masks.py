@@ -258,6 +258,46 @@ def test_predicate_is_called_with_indices(rng):
     check_mask(rng, ma.Mask().predicate(lambda b, h, i, j: table[b, h, i, j]), table, 5, 6)
 
 
+# --- programs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("q_len,k_len", [(9, 9), (5, 12), (70, 130)])
+def test_program_reads_tables_with_row_indices(rng, q_len, k_len):
+    """q and kv are row indices (top-left, FlexAttention's q_idx/kv_idx) whatever the lengths;
+    tables of every type, read in place."""
+    doc = np.sort(rng.integers(0, 3, max(q_len, k_len)))  # int64
+    window = np.array([2, 5, 100, 1], np.int32)  # per head
+    hidden_key = rng.random(k_len) < 0.2  # bool
+    b, h, i, j = grid(q_len, k_len)
+    expected = (doc[i] == doc[j]) & (i - j < window[h]) & ~hidden_key[j] | (b == 1) & (j == 0)
+    mask = ma.Mask().program("(doc[q] == doc[kv]) & (q - kv < window[h]) & ~hidden[kv] | "
+                             "(b == 1) & (kv == 0)", doc=doc, window=window, hidden=hidden_key)
+    check_mask(rng, mask, expected, q_len, k_len)
+    assert mask.describe().startswith("program `")
+
+
+def test_program_tables_are_borrowed_not_copied():
+    doc = np.array([0, 0, 1, 1], np.int64)
+    program = ma.Program.mask("doc[q] == doc[kv]", doc=doc)
+    assert program.allows(0, 0, 1, 2) is False
+    doc[2] = 0  # the program reads the caller's memory
+    assert program.allows(0, 0, 1, 2) is True
+    assert program.tables == [("doc", "int64", (4,))] and program.kind == "mask"
+    strided = np.arange(12, dtype=np.float32).reshape(3, 4)[:, 1]  # a view with stride 4
+    assert ma.Program.score("s + x[q]", x=strided).score_of(0.5, 0, 0, 2, 0) == 9.5
+
+
+def test_program_from_a_compiled_program_and_from_lists(rng):
+    program = ma.Program.mask("ids[q] >= ids[kv]", ids=[3, 1, 2, 0, 4])
+    i, j = np.ix_(range(5), range(5))
+    ids = np.array([3, 1, 2, 0, 4])
+    check_mask(rng, ma.Mask().program(program), (ids[i] >= ids[j])[None, None], 5, 5)
+    with pytest.raises(ma.Error, match="a compiled maskattn.Program already holds its tables"):
+        ma.Mask().program(program, ids=ids)
+    with pytest.raises(ma.Error, match="is a score program"):
+        ma.Mask().program(ma.Program.score("s * 2.0"))
+
+
 # --- per-head components and & ------------------------------------------------------------------
 
 

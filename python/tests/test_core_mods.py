@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import maskattn as ma
-from conftest import as_f64, check_attention, random_inputs, reference_attention
+from conftest import (as_f64, assert_within_rule, check_attention, random_inputs,
+                      reference_attention)
 
 B, HQ, HKV, D = 2, 4, 2, 8
 
@@ -179,3 +180,63 @@ def test_mods_take_numpy_lists_and_torch():
     assert mods.threshold == -5.0 and not mods.has_score_fn and not mods.empty()
     assert "alibi_slopes[2]" in repr(mods) and "bias[3,3]" in repr(mods)
     assert ma.ScoreMods().empty()
+
+
+# --- score programs -------------------------------------------------------------------------------
+
+
+def test_score_program_takes_score_fns_place_in_the_order(rng):
+    """softcap → bias → program: the program sees the capped, biased score; its tables are read
+    in place, indexed by rows (q - kv)."""
+    q, k, v = random_inputs(rng, B, HQ, HKV, 5, 7, D)
+    rel = rng.standard_normal((HQ, 11)).astype(np.float32)
+    bias = rng.standard_normal((5, 7))
+    program = ("s + rel[h, q - kv + 6] - 0.25 * b", {"rel": rel})
+    mods = ma.ScoreMods(softcap=2.0, bias=bias, program=program)
+    assert "program='s + rel[h, q - kv + 6] - 0.25 * b'" in repr(mods)
+    b, h, i, j = np.ix_(range(B), range(HQ), range(5), range(7))
+    out = ma.attention(q, k, v, mods=mods)
+    check_attention(out, q, k, v, softcap=2.0, bias=bias + rel[h, i - j + 6] - 0.25 * b)
+
+
+def test_score_program_hides_with_minus_inf_and_needs_no_score_fn(rng):
+    q, k, v = random_inputs(rng, B, HQ, HKV, 6, 6, D)
+    mods = ma.ScoreMods(program="where(kv % 3 == 1, -1e39, s)")  # -1e39 is -inf in f32
+    out = ma.attention(q, k, v, mods=mods)
+    check_attention(out, q, k, v, keep=(np.arange(6) % 3 != 1)[None, None, None, :])
+    assert isinstance(mods.program, ma.Program) and mods.program.kind == "score"
+    with pytest.raises(ma.Error, match="give score_fn or program, not both"):
+        ma.ScoreMods(score_fn=lambda s, b, h, i, j: s, program="s")
+
+
+def test_score_program_table_gradients(rng):
+    """∂L/∂rel is the sum of ∂L/∂bias over the pairs that read each entry (torch autograd of
+    the dense bias, scattered back)."""
+    import torch
+
+    q, k, v = random_inputs(rng, B, HQ, HKV, 5, 7, D)
+    dout = rng.standard_normal((B, HQ, 5, D)).astype(np.float32)
+    rel = rng.standard_normal((HQ, 11)).astype(np.float32)
+    doc = np.array([0, 0, 1, 1, 1, 1, 2])  # an int table: no gradient
+    mods = ma.ScoreMods(program=("s * 0.5 + rel[h, q - kv + 6] + doc[kv]", {"rel": rel,
+                                                                           "doc": doc}))
+    out, lse = ma.attention(q, k, v, mods=mods, return_lse=True)
+    dq, dk, dv, dtables = ma.attention_backward(q, k, v, out, lse, dout, mods=mods,
+                                                return_table_grads=True)
+    assert set(dtables) == {"rel"} and dtables["rel"].shape == rel.shape
+
+    def run(dtype):
+        cast = {"float64": torch.float64, "float32": torch.float32}[dtype]
+        q_t, k_t, v_t, rel_t = (torch.from_numpy(x).to(cast).requires_grad_()
+                                for x in (q, k, v, rel))
+        i, j = torch.arange(5)[:, None], torch.arange(7)[None, :]
+        k_r, v_r = (x.repeat_interleave(HQ // HKV, dim=1) for x in (k_t, v_t))
+        scores = (q_t @ k_r.transpose(-1, -2)) / D ** 0.5 * 0.5 + rel_t[:, i - j + 6] \
+            + torch.from_numpy(doc)[j].to(cast)
+        (torch.softmax(scores, -1) @ v_r).backward(torch.from_numpy(dout).to(cast))
+        return [x.grad.double().numpy() for x in (q_t, k_t, v_t, rel_t)]
+
+    reference, naive = run("float64"), run("float32")
+    for name, got, want, rough in zip(("dq", "dk", "dv", "drel"), (dq, dk, dv, dtables["rel"]),
+                                      reference, naive):
+        assert_within_rule(got, want, rough, name)

@@ -38,6 +38,28 @@ def test_mask_and_learnable_bias(q_len, k_len):
     assert_close_to_math(ours, theirs, leaves, torch.float32)
 
 
+@pytest.mark.parametrize("entry", ["attention", "sdpa"])
+def test_score_program_tables_get_gradients(entry):
+    """mt.ScoreMods(program=(text, {name: tensor})): the program reads the tensors in place and
+    its float32 tables that require grad get gradients, as a traced score_mod's do."""
+    q_len = k_len = 9
+    leaves = [randn((B, H, q_len, D), 1), randn((B, H, k_len, D), 2),
+              randn((B, H, k_len, D), 3), randn((H, q_len + k_len - 1), 4)]
+    i, j = torch.arange(q_len)[:, None], torch.arange(k_len)[None, :]
+
+    def ours(q, k, v, rel):
+        mods = mt.ScoreMods(program=(f"s + rel[h, q - kv + {k_len - 1}]", {"rel": rel}))
+        if entry == "sdpa":
+            return mt.scaled_dot_product_attention(q, k, v, is_causal=True, mods=mods)
+        return mt.attention(q, k, v, mask=maskattn.Mask().causal(), mods=mods)
+
+    def theirs(q, k, v, rel):
+        bias = rel[:, i - j + k_len - 1].masked_fill(j > i, float("-inf"))
+        return torch_sdpa(q, k, v, attn_mask=bias)
+
+    assert_close_to_math(ours, theirs, leaves, torch.float32)
+
+
 def test_blhd_layout_and_output():
     leaves = [randn((B, 6, H, D), 1), randn((B, 9, H, D), 2), randn((B, 9, H, 8), 3)]
 

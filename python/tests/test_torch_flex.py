@@ -60,7 +60,7 @@ MASK_MODS = {f.__name__: f for f in (causal, sliding_window, document, prefix_lm
 
 
 def dense_pairs(mask_mod, batch, heads, q_len, kv_len):
-    """The element-level mask from PyTorch's own create_mask."""
+    """The element-level mask from PyTorch's own create_mask (the reference)."""
     return flex.create_mask(mask_mod, batch, heads, q_len, kv_len, device="cpu")
 
 
@@ -106,11 +106,12 @@ def test_pytorch_flex_has_no_cpu_backward():
         flex.flex_attention(q, k, v).sum().backward()
 
 
-def test_block_mask_inspection_matches_pytorch():
+@pytest.mark.parametrize("block_size", [64, 128, (128, 64), 100])
+def test_block_mask_inspection_matches_pytorch(block_size):
     for mask_mod, batch, heads in ((causal, None, None), (per_batch_and_head, B, H)):
         theirs = flex.create_block_mask(mask_mod, batch, heads, 300, 260, device="cpu",
-                                        BLOCK_SIZE=64)
-        ours = mt.create_block_mask(mask_mod, batch, heads, 300, 260, BLOCK_SIZE=64)
+                                        BLOCK_SIZE=block_size)
+        ours = mt.create_block_mask(mask_mod, batch, heads, 300, 260, BLOCK_SIZE=block_size)
         assert ours.shape == tuple(theirs.shape)
         assert torch.equal(ours.to_dense(), theirs.to_dense().to(torch.int32))
         assert ours.sparsity() == pytest.approx(theirs.sparsity())
@@ -119,20 +120,19 @@ def test_block_mask_inspection_matches_pytorch():
     assert "█" in ours.to_string() and "maskattn.torch.BlockMask" in repr(ours)
 
 
-def test_mask_mod_is_evaluated_once_per_row_chunk(monkeypatch):
+def test_mask_mod_is_traced_once_into_a_program():
+    """create_block_mask calls mask_mod once, with traced values, and keeps a mask program: no
+    keep mask of Q × KV bytes."""
     calls = []
 
     def counting(b, h, q_idx, kv_idx):
-        calls.append(tuple(q_idx.shape))
+        calls.append(type(q_idx).__name__)
         return sliding_window(b, h, q_idx, kv_idx)
 
-    whole = mt.create_block_mask(counting, None, None, L, L)
-    assert calls == [(1, 1, L, 1)]
-    monkeypatch.setattr(_torch_flex, "_MASK_ELEMENTS_PER_CHUNK", 16 * L)
-    calls.clear()
-    chunked = mt.create_block_mask(counting, None, None, L, L)
-    assert len(calls) == -(-L // 16) and calls[0] == (1, 1, 16, 1)
-    assert torch.equal(whole.allowed(), chunked.allowed())
+    block_mask = mt.create_block_mask(counting, None, None, L, L)
+    assert calls == ["Traced"]
+    assert block_mask.mask.describe() == "program `(q >= kv) & (q - kv < 16)` (top-left)"
+    assert torch.equal(block_mask.allowed(), dense_pairs(sliding_window, 1, 1, L, L))
 
 
 def test_unused_axes_stay_broadcast():
@@ -143,6 +143,19 @@ def test_unused_axes_stay_broadcast():
     out = mt.flex_attention(q, k, v, block_mask=block_mask)
     expected = torch_sdpa(q, k, v, is_causal=True)
     assert max_error(out, expected) < 1e-5
+
+
+def test_broadcast_batch_and_heads_keep_the_real_indices_as_pytorch():
+    """B=None, H=None with a mask_mod that reads b and h: the BlockMask's own inspection is of
+    b = 0, h = 0 (its shape is [1, 1, Q, KV]), but attention evaluates mask_mod at every pair's
+    real b and h, as PyTorch's flex_attention does."""
+    theirs_mask = flex.create_block_mask(per_batch_and_head, None, None, L, L, device="cpu")
+    ours_mask = mt.create_block_mask(per_batch_and_head, None, None, L, L)
+    assert torch.equal(ours_mask.to_dense(), theirs_mask.to_dense().to(torch.int32))
+    compare_forward(
+        lambda q, k, v: mt.flex_attention(q, k, v, block_mask=ours_mask, return_lse=True),
+        lambda q, k, v: flex.flex_attention(q, k, v, block_mask=theirs_mask, return_lse=True),
+    )
 
 
 def test_pytorch_block_mask_is_accepted():
@@ -224,17 +237,6 @@ def test_score_mods_match_pytorch_flex(name):
     compare_forward(ours, theirs)
 
 
-def test_alibi_is_recognised_not_materialised():
-    from maskattn._torch_score_mods import analyse_score_mod
-
-    signed = analyse_score_mod(SCORE_MODS["alibi_signed"], B, H, L, L, hides_future=True)
-    assert signed.bias is None and torch.allclose(signed.alibi_slopes, SLOPES)
-    unmasked = analyse_score_mod(SCORE_MODS["alibi_signed"], B, H, L, L, hides_future=False)
-    assert unmasked.alibi_slopes is None and unmasked.bias.shape == (1, H, L, L)
-    assert analyse_score_mod(SCORE_MODS["alibi_abs"], B, H, L, L, False).bias is None
-    assert analyse_score_mod(SCORE_MODS["softcap"], B, H, L, L, False).softcap == 3.0
-
-
 def test_learnable_score_mod_bias_gets_gradients():
     """score + table[h, q - kv + L - 1] with a learnable table: the gradient reaches the table
     through maskattn's dbias, as PyTorch SDPA's reaches it through a float attn_mask."""
@@ -302,8 +304,8 @@ def test_return_aux_gives_the_lse():
 def test_mods_argument():
     q, k, v = (randn((1, 2, 10, 8), seed) for seed in (1, 2, 3))
     capped = mt.flex_attention(q, k, v, mods=maskattn.ScoreMods(softcap=2.0))
-    probed = mt.flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: 2.0 * torch.tanh(s / 2))
-    assert torch.equal(capped, probed)
+    traced = mt.flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: 2.0 * torch.tanh(s / 2))
+    assert max_error(capped, traced) < 1e-6
 
 
 def test_a_structured_mask_as_block_mask():
@@ -317,9 +319,9 @@ def test_a_structured_mask_as_block_mask():
     )
 
 
-def test_alibi_score_mod_with_a_bottom_right_mask_stays_exact():
-    """With a caller's Mask, positions may differ from indices (bottom-right when Lq < Lk), so
-    an ALiBi score_mod is kept as a bias over indices rather than turned into slopes."""
+def test_score_mod_indices_are_rows_under_a_bottom_right_mask():
+    """With a caller's Mask, positions may differ from indices (bottom-right when Lq < Lk); a
+    score_mod still sees FlexAttention's q_idx and kv_idx, the rows."""
     q = randn((1, H, 5, D), 1)
     k, v = randn((1, H, 9, D), 2), randn((1, H, 9, D), 3)
     score_mod = SCORE_MODS["alibi_abs"]
