@@ -296,3 +296,22 @@ def test_P67_frame_not_four_integers_or_outside_its_totals():
     out, lse = ma.attention(Q, Q, Q, return_lse=True)
     with raises(r"^frame must be"):
         ma.attention_backward(Q, Q, Q, out, lse, np.ones_like(Q), frame=[0, 0])
+
+
+def test_P73_program_arguments():
+    doc = np.array([0, 0, 1], np.int64)
+    compiled = ma.Program.mask("doc[q] == doc[kv]", doc=doc)
+    with raises(r"^program must be the program's text \(a str\) or a maskattn.Program, got int"):
+        ma.Mask().program(3)
+    with raises(r"^a compiled maskattn.Program already holds its tables; give tables only with "
+                r"the program's text"):
+        ma.Mask().program(compiled, doc=doc)
+    with raises(r"^program=\(text, tables\): tables must be a dict \{name: array\}, got list"):
+        ma.ScoreMods(program=("s + x[q]", [doc]))
+    with raises(r"^program must be a maskattn.Program, its text, or \(text, \{name: table\}\); "
+                r"got a tuple of 3"):
+        ma.ScoreMods(program=("s", {}, None))
+    with raises(r"^ScoreMods: give score_fn or program, not both"):
+        ma.ScoreMods(score_fn=lambda s, b, h, i, j: s, program="s")
+    with raises(r"^program table 'x' = 'abc' is not an array of numbers or bools"):
+        ma.Program.score("s", x="abc")
