@@ -126,9 +126,8 @@ void gather(TileState& t, int32_t n) {
   mark_written<T>(t, n);
 }
 
-// A table read into node n's slot. `may_view`: the slot may view the table (not for the result
-// of a score program, which must land in the caller's tile).
-inline void read_table(TileState& t, int32_t n, bool may_view) {
+// A table read into node n's slot.
+inline void read_table(TileState& t, int32_t n) {
   const Node& node = t.node(n);
   const ProgramTable& table = t.ir.tables[node.table];
   Slot& slot = t.slot(n);
@@ -140,7 +139,7 @@ inline void read_table(TileState& t, int32_t n, bool may_view) {
   const bool same_type = (node.type == Type::f32) ||
                          (node.type == Type::int64 && table.type == ProgramTableType::int64);
   const bool along = col_step == 0 || col_step == 1 || t.cols_of(n) == 1;
-  if (may_view && same_type && along) {
+  if (same_type && along) {
     const size_t element = node.type == Type::f32 ? sizeof(float) : sizeof(int64_t);
     slot.data = static_cast<const char*>(table.data) + origin * static_cast<int64_t>(element);
     slot.row_stride = (slot.axes & kRowAxis) ? row_step : 0;
