@@ -81,6 +81,15 @@ TEST(Errors, E126_ProgramEvaluation) {
             "program `q // (kv - 2) >= 0`, column 3: 5 // 0: integer division by zero");
   EXPECT_EQ(message_of([&] { program.mask_tile(0, 0, 0, 65, 0, 1, bits); }),
             "Program::mask_tile: a tile has 1 to 64 queries and keys, got nq=65, nk=1");
+  float s[64] = {};
+  const Program score = Program::score("s * 2.0");
+  EXPECT_EQ(message_of([&] {
+              score.score_tile(ProgramTile{0, 0, 0, 8, 0, 4, false, 7}, s);
+            }),
+            "Program::score_tile: row_stride=7 is shorter than a row of the tile (nq=8 with key "
+            "rows); 0 means packed");
+  EXPECT_EQ(message_of([&] { score.score_tile_backward(ProgramTile{}, nullptr, s, nullptr); }),
+            "Program::score_tile_backward: the scores pointer is null");
 }
 
 TEST(Errors, E128_ProgramCheck) {

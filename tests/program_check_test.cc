@@ -255,6 +255,12 @@ TEST(ProgramCheck, RandomProgramsThatPassNeverRaise) {
       }
       ++passed;
       ASSERT_FALSE(any_pair_raises(program, domain)) << "check passed on a program that raises";
+      uint64_t bits[64];  // nor does the tile evaluator (the domain is one tile)
+      for (int64_t b = 0; b < domain.batch; ++b) {
+        for (int64_t h = 0; h < domain.heads && domain.q_len > 0 && domain.k_len > 0; ++h) {
+          ASSERT_NO_THROW(program.mask_tile(b, h, 0, domain.q_len, 0, domain.k_len, bits));
+        }
+      }
     } catch (const Error&) {
       continue;  // a constant division by zero, folded at compile
     }

@@ -7,6 +7,7 @@
 // promise that evaluating a tile allocates nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -371,6 +372,29 @@ TEST(ProgramTiles, EachFastPathAgreesInEveryLayout) {
       }
     }
   }
+}
+
+// A tile that raises leaves the caller's tile as it was (docs/errors.md: nothing is written).
+TEST(ProgramTiles, NothingIsWrittenWhenATileRaises) {
+  std::vector<float> rel(2 * 10, 1.0f);
+  const ProgramTable table = ProgramTable::borrow("rel", rel.data(), {2, 10});
+  for (const char* text : {"rel[h, q - kv + 2]", "s + rel[h, q - kv + 2]", "s * (q // (kv - 3))"}) {
+    const Program program = Program::score(text, {table});
+    for (const bool query_rows : {false, true}) {
+      std::vector<float> s(16 * 16, 7.0f);
+      EXPECT_THROW(program.score_tile(ProgramTile{0, 1, 0, 16, 0, 16, query_rows, 0}, s.data()),
+                   Error)
+          << text;
+      for (const float x : s) ASSERT_EQ(x, 7.0f) << text;
+    }
+  }
+  std::vector<uint8_t> keep(10, 1);
+  const Program mask = Program::mask("keep[q - kv + 2] & (q >= kv)",
+                                     {ProgramTable::borrow("keep", keep.data(), {10})});
+  uint64_t bits[16];
+  std::fill(bits, bits + 16, 77u);
+  EXPECT_THROW(mask.mask_tile(0, 0, 0, 16, 0, 16, bits), Error);
+  for (const uint64_t word : bits) ASSERT_EQ(word, 77u);
 }
 
 TEST(ProgramTiles, LayoutArgumentsAreChecked) {

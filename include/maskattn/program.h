@@ -115,7 +115,11 @@ class Program {
   // evaluation anywhere in it can index outside a table or divide by zero, so that kernels may
   // evaluate tiles without checks and never fail half-way. Throws Error (E128) naming the table,
   // the index and its possible range otherwise: a program that could read out of range is refused
-  // before any evaluation, whichever pairs a mask would have hidden.
+  // before any evaluation, whichever pairs a mask would have hidden. Sound (a program that passes
+  // never raises on the domain, for the tables' contents at the time of the check) and exact for
+  // affine indices such as q - kv + 63; a where's value is ranged on the pairs that take each
+  // branch (where(abs(q - kv) < 8, abs(q - kv), …) needs no clamp), though every read inside
+  // either branch must be in range everywhere. An empty domain passes.
   void check(const ProgramDomain& domain) const;
 
   // The scalar reference, one pair at a time.
@@ -125,7 +129,8 @@ class Program {
   // One tile: queries [q0, q0 + nq) × keys [kv0, kv0 + nk) of (b, h), 1 ≤ nq, nk ≤ 64.
   // mask_tile writes bits[0, nk): bit i of bits[j] is set iff query q0 + i may see key kv0 + j
   // (src/mask/tile_mask.h's layout). score_tile maps s[j * nq + i] (key-major [nk][nq], the score
-  // of query q0 + i against key kv0 + j) in place. Both agree exactly with allows / score.
+  // of query q0 + i against key kv0 + j) in place. Both agree exactly with allows / score, and
+  // allocate nothing once the calling thread has evaluated a tile of the program's size.
   void mask_tile(int64_t b, int64_t h, int64_t q0, int64_t nq, int64_t kv0, int64_t nk,
                  uint64_t* bits) const;
   void score_tile(int64_t b, int64_t h, int64_t q0, int64_t nq, int64_t kv0, int64_t nk,
@@ -138,7 +143,10 @@ class Program {
   // (no 0·inf = NaN). For each float32 table t with table_grads[t] != nullptr (a zeroed or
   // accumulating row-major buffer of the table's element count, in doubles), adds ∂L/∂table: the
   // sum over the tile's pairs of ∂L/∂output · ∂output/∂t[index], in a fixed order (key rows, then
-  // queries), so the result does not depend on which thread evaluates which tile.
+  // queries), so the result does not depend on which thread evaluates which tile, nor on the
+  // layout. table_grads may be null (no table gradients). Derivatives follow PyTorch: abs'(0) = 0,
+  // min/max give a tie half to each side, where gives all to the taken side; to_f32, floor and
+  // comparisons stop the gradient. Adjoints are f64, rounded once into ds.
   void score_tile_backward(const ProgramTile& tile, const float* s, float* ds,
                            double* const* table_grads) const;
 

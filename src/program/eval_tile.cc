@@ -113,10 +113,13 @@ void layout(TileState& t, const Destination& dest) {
     slot.row_stride = (slot.axes & kRowAxis) ? t.cols_of(n) : 0;
     slot.col_stride = (slot.axes & kColAxis) ? 1 : 0;
   }
+  // The result is computed into the caller's tile, except s itself and a table read (which may
+  // raise half-way: nothing of the caller's is written before every read is known good).
   Slot& root = w.slots[count - 1];
   const Op root_op = t.ir.nodes[count - 1].op;
   if (dest.bits != nullptr && root.axes == kBothAxes) root.bits = dest.bits;
-  if (dest.scores != nullptr && root.axes == kBothAxes && root_op != Op::var_s) {
+  if (dest.scores != nullptr && root.axes == kBothAxes && root_op != Op::var_s &&
+      root_op != Op::table) {
     root.own = dest.scores;
     root.row_stride = dest.stride;
   }
@@ -271,7 +274,6 @@ void variable(TileState& t, int32_t n, const float* s, int64_t s_stride) {
 
 void run_node(TileState& t, int32_t n, const float* s, int64_t s_stride) {
   const Node& node = t.node(n);
-  const bool last = n + 1 == static_cast<int32_t>(t.ir.nodes.size());
   switch (node.op) {
     case Op::constant:
       if (node.type == Type::f32) {
@@ -286,7 +288,7 @@ void run_node(TileState& t, int32_t n, const float* s, int64_t s_stride) {
     case Op::var_s:
       return variable(t, n, s, s_stride);
     case Op::table:
-      read_table(t, n, !last);
+      read_table(t, n);
       return note_uniform(t, n);
     case Op::where:
       where_node(t, n);

@@ -43,14 +43,9 @@ HWY_BEFORE_NAMESPACE();
 namespace maskattn::program {
 namespace HWY_NAMESPACE {
 
-// Which nodes carry an adjoint, and where each one's f64 array is (-1: none).
-inline std::vector<int64_t>& adjoint_offsets() {
-  thread_local std::vector<int64_t> offsets;
-  return offsets;
-}
-
+// Which nodes carry an adjoint, and where each one's f64 array is in the workspace (-1: none).
 inline void place_adjoints(TileState& t, double* const* table_grads) {
-  std::vector<int64_t>& offset = adjoint_offsets();
+  std::vector<int64_t>& offset = t.work.adjoint_offsets;
   const size_t count = t.ir.nodes.size();
   offset.assign(count, -1);
   int64_t next = 0;
@@ -79,7 +74,7 @@ inline void place_adjoints(TileState& t, double* const* table_grads) {
 }
 
 inline double* adjoint(TileState& t, int32_t n) {
-  const int64_t offset = adjoint_offsets()[n];
+  const int64_t offset = t.work.adjoint_offsets[n];
   return offset < 0 ? nullptr : t.work.adjoints.data() + offset;
 }
 

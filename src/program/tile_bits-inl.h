@@ -172,27 +172,46 @@ struct Comparison {
   }
 };
 
-// a op b into node n's bit rows, each operand contiguous along the row (kAlongA/B) or one value.
+// The word of one row: a op b, each operand contiguous along the row (kAlongA/B) or one value.
 template <Op kOp, bool kAlongA, bool kAlongB, class T>
-void compare_rows_as(TileState& t, int32_t n, In<T> a, In<T> b) {
+HWY_INLINE uint64_t compare_row(const T* ar, const T* br, int64_t cols) {
   const hn::ScalableTag<T> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  uint64_t word = 0;
+  int64_t c = 0;
+  for (; c + lanes <= cols; c += lanes) {
+    const auto va = kAlongA ? hn::LoadU(d, ar + c) : hn::Set(d, ar[0]);
+    const auto vb = kAlongB ? hn::LoadU(d, br + c) : hn::Set(d, br[0]);
+    word |= MaskWord(d, Comparison<kOp>::Vector(va, vb)) << c;
+  }
+  for (; c < cols; ++c) {
+    const uint64_t bit = Comparison<kOp>::Scalar(ar[kAlongA ? c : 0], br[kAlongB ? c : 0]);
+    word |= bit << c;
+  }
+  return word;
+}
+
+// a op b into node n's bit rows. When one operand is the same row for every row (doc[q]) and the
+// other one value per row (doc[kv]), a row's word depends on that value alone, and neighbouring
+// keys mostly share it (a document spans many keys): the last word is reused while the value
+// repeats (equal values compare alike, -0.0 and 0.0 included; a NaN never repeats).
+template <Op kOp, bool kAlongA, bool kAlongB, class T>
+void compare_rows_as(TileState& t, int32_t n, In<T> a, In<T> b) {
   uint64_t* out = t.slot(n).bits;
+  const bool repeats = kAlongA != kAlongB && (kAlongA ? a.row_stride : b.row_stride) == 0;
+  T last = T();
+  uint64_t last_word = 0;
+  bool have_last = false;
   for (int64_t r = 0; r < t.rows; ++r) {
     const T* ar = a.data + r * a.row_stride;
     const T* br = b.data + r * b.row_stride;
-    uint64_t word = 0;
-    int64_t c = 0;
-    for (; c + lanes <= t.cols; c += lanes) {
-      const auto va = kAlongA ? hn::LoadU(d, ar + c) : hn::Set(d, ar[0]);
-      const auto vb = kAlongB ? hn::LoadU(d, br + c) : hn::Set(d, br[0]);
-      word |= MaskWord(d, Comparison<kOp>::Vector(va, vb)) << c;
+    const T key = kAlongA ? br[0] : ar[0];
+    if (repeats && have_last && key == last) {
+      out[r] = last_word;
+      continue;
     }
-    for (; c < t.cols; ++c) {
-      const uint64_t bit = Comparison<kOp>::Scalar(ar[kAlongA ? c : 0], br[kAlongB ? c : 0]);
-      word |= bit << c;
-    }
-    out[r] = word;
+    out[r] = compare_row<kOp, kAlongA, kAlongB>(ar, br, t.cols);
+    last = key, last_word = out[r], have_last = true;
   }
 }
 
@@ -234,19 +253,21 @@ inline bool narrow_to_int32(TileState& t, const int32_t (&operands)[2], In<int32
     const In<int64_t> v = view<int64_t>(t, m);
     const int64_t count = t.rows_of(m) * t.cols_of(m);
     const int64_t step = v.row_stride != 0 ? v.row_stride : v.col_stride;
-    bool wide = false;  // no early exit: the contiguous case vectorises
+    int64_t wide = 0;  // the bits lost by some value; no early exit: the loop vectorises
     if (step == 1) {
       for (int64_t i = 0; i < count; ++i) {
-        next[i] = static_cast<int32_t>(v.data[i]);
-        wide |= next[i] != v.data[i];
+        const int64_t x = v.data[i];
+        next[i] = static_cast<int32_t>(x);
+        wide |= x ^ static_cast<int32_t>(x);
       }
     } else {
       for (int64_t i = 0; i < count; ++i) {
-        next[i] = static_cast<int32_t>(v.data[i * step]);
-        wide |= next[i] != v.data[i * step];
+        const int64_t x = v.data[i * step];
+        next[i] = static_cast<int32_t>(x);
+        wide |= x ^ static_cast<int32_t>(x);
       }
     }
-    if (wide) return false;
+    if (wide != 0) return false;
     const bool rows = t.slot(m).axes & kRowAxis;
     const bool cols = t.slot(m).axes & kColAxis;
     out[k] = {next, rows ? 1 : 0, cols ? 1 : 0};

@@ -68,6 +68,7 @@ struct Workspace {
   std::vector<uint64_t> bits;
   std::vector<Slot> slots;
   std::vector<double> adjoints;  // the backward's, one array per node that carries a gradient
+  std::vector<int64_t> adjoint_offsets;
   std::vector<int32_t> narrow = std::vector<int32_t>(128);  // two operands as int32 (≤ 64 each)
 };
 

@@ -53,21 +53,36 @@ inline bool affine_offset(TileState& t, int32_t n, int64_t& origin, int64_t& row
   return true;
 }
 
-// The node's element type in the table (f32 node: float; int64 node: int64, int32 or bool).
+// count elements from data, step apart, into out as T. The steps that matter, 1 and -1 (a run of
+// rel[h, q - kv + c] along keys is reversed), get loops of their own that the compiler vectorises.
+template <class T, class Element>
+void copy_elements(const Element* data, int64_t step, int64_t count, T* out) {
+  const auto value = [](Element x) -> T {
+    if constexpr (std::is_same_v<Element, uint8_t>) return x != 0 ? 1 : 0;
+    return static_cast<T>(x);
+  };
+  if (step == 1) {
+    for (int64_t c = 0; c < count; ++c) out[c] = value(data[c]);
+  } else if (step == -1) {
+    const Element* last = data - (count - 1);
+    for (int64_t c = 0; c < count; ++c) out[count - 1 - c] = value(last[c]);
+  } else {
+    for (int64_t c = 0; c < count; ++c) out[c] = value(data[c * step]);
+  }
+}
+
+// One run of the table into out: the node's element type (float for an f32 node; int64 for an
+// int64 or bool node, from int64, int32 or bool elements).
 template <class T>
 void copy_run(const ProgramTable& table, int64_t offset, int64_t step, int64_t count, T* out) {
   if constexpr (std::is_same_v<T, float>) {
-    const float* data = static_cast<const float*>(table.data) + offset;
-    for (int64_t c = 0; c < count; ++c) out[c] = data[c * step];
+    copy_elements(static_cast<const float*>(table.data) + offset, step, count, out);
   } else if (table.type == ProgramTableType::int32) {
-    const int32_t* data = static_cast<const int32_t*>(table.data) + offset;
-    for (int64_t c = 0; c < count; ++c) out[c] = data[c * step];
+    copy_elements(static_cast<const int32_t*>(table.data) + offset, step, count, out);
   } else if (table.type == ProgramTableType::boolean) {
-    const uint8_t* data = static_cast<const uint8_t*>(table.data) + offset;
-    for (int64_t c = 0; c < count; ++c) out[c] = data[c * step] != 0 ? 1 : 0;
+    copy_elements(static_cast<const uint8_t*>(table.data) + offset, step, count, out);
   } else {
-    const int64_t* data = static_cast<const int64_t*>(table.data) + offset;
-    for (int64_t c = 0; c < count; ++c) out[c] = data[c * step];
+    copy_elements(static_cast<const int64_t*>(table.data) + offset, step, count, out);
   }
 }
 
@@ -111,9 +126,8 @@ void gather(TileState& t, int32_t n) {
   mark_written<T>(t, n);
 }
 
-// A table read into node n's slot. `may_view`: the slot may view the table (not for the result
-// of a score program, which must land in the caller's tile).
-inline void read_table(TileState& t, int32_t n, bool may_view) {
+// A table read into node n's slot.
+inline void read_table(TileState& t, int32_t n) {
   const Node& node = t.node(n);
   const ProgramTable& table = t.ir.tables[node.table];
   Slot& slot = t.slot(n);
@@ -125,7 +139,7 @@ inline void read_table(TileState& t, int32_t n, bool may_view) {
   const bool same_type = (node.type == Type::f32) ||
                          (node.type == Type::int64 && table.type == ProgramTableType::int64);
   const bool along = col_step == 0 || col_step == 1 || t.cols_of(n) == 1;
-  if (may_view && same_type && along) {
+  if (same_type && along) {
     const size_t element = node.type == Type::f32 ? sizeof(float) : sizeof(int64_t);
     slot.data = static_cast<const char*>(table.data) + origin * static_cast<int64_t>(element);
     slot.row_stride = (slot.axes & kRowAxis) ? row_step : 0;
