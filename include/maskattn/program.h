@@ -1,7 +1,8 @@
 // Masks and score modifiers as programs (issue 25, first piece): a small expression language in
 // the textual form of PyTorch's FlexAttention mask_mod / score_mod bodies, compiled to a typed,
 // constant-folded IR and evaluated either one pair at a time (the reference) or one tile of up to
-// 64 × 64 pairs at a time (what a kernel will call). Not yet reachable from Mask or ScoreMods.
+// 64 × 64 pairs at a time (what the kernels call). Mask::program and ScoreMods::program take them
+// (docs/semantics.md §16).
 //
 // The language, in one paragraph. Identifiers b, h, q, kv are the int64 batch, head, query and key
 // positions; s is the f32 score (score programs only). Integer literals are int64, literals with
