@@ -368,15 +368,15 @@ void EvaluateTileBackwardImpl(const ProgramIr& ir, const ProgramTile& tile, cons
     const Op op = ir.nodes[n].op;
     if (adjoint(t, n) != nullptr && op != Op::var_s && op != Op::table) propagate(t, n);
   }
+  const double* score = nullptr;  // s's adjoint (one node: equal nodes are shared)
+  for (int32_t n = 0; n < count; ++n) {
+    if (ir.nodes[n].op == Op::var_s) score = adjoint(t, n);
+  }
   for (int64_t r = 0; r < t.rows; ++r) {
+    float* row = ds + r * stride;
     for (int64_t c = 0; c < t.cols; ++c) {
-      double sum = 0;  // the uses of s (one node: equal nodes are shared)
-      for (int32_t n = 0; n < count; ++n) {
-        if (ir.nodes[n].op == Op::var_s && adjoint(t, n) != nullptr)
-          sum += adjoint(t, n)[r * t.cols + c];
-      }
-      float& out = ds[r * stride + c];
-      out = out == 0 ? 0.0f : static_cast<float>(sum);
+      const double value = score != nullptr ? score[r * t.cols + c] : 0.0;
+      row[c] = row[c] == 0 ? 0.0f : static_cast<float>(value);
     }
   }
   for (int32_t n = 0; n < count; ++n) {
