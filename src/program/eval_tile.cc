@@ -58,10 +58,12 @@ void ensure_values(TileState& t, int32_t n) {
   Slot& slot = t.slot(n);
   if (slot.has_values) return;
   int64_t* out = own<int64_t>(t, n);
-  if (slot.affine) {
-    for (int64_t r = 0; r < t.rows_of(n); ++r) {
-      const int64_t start = slot.base + slot.dr * r;  // exact: affine nodes never wrap
-      for (int64_t c = 0; c < t.cols_of(n); ++c) out[r * slot.row_stride + c] = start + slot.dc * c;
+  if (slot.affine) {  // locals: out may alias the slot's int64 fields as far as the compiler knows
+    const int64_t rows = t.rows_of(n), cols = t.cols_of(n), stride = slot.row_stride;
+    const int64_t base = slot.base, dr = slot.dr, dc = slot.dc;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t start = base + dr * r;  // exact: affine nodes never wrap
+      for (int64_t c = 0; c < cols; ++c) out[r * stride + c] = start + dc * c;
     }
   } else {  // a bool pair node known as bit rows only
     for (int64_t r = 0; r < t.rows; ++r) {
