@@ -44,11 +44,11 @@ namespace HWY_NAMESPACE {
 enum Axes : uint8_t { kRowAxis = 1, kColAxis = 2, kBothAxes = 3 };
 
 struct Slot {
-  uint8_t axes = 0;
-  const void* data = nullptr;  // the values, once known (has_values)
+  uint8_t axes = 0;            // kRowAxis | kColAxis: the axes the node varies along
+  const void* data = nullptr;  // the values, once known (has_values), viewed with the strides
   int64_t row_stride = 0, col_stride = 0;
   void* own = nullptr;       // the node's storage: int64 for bool and int64 nodes, float for f32
-  uint64_t* bits = nullptr;  // bool nodes: one word per row (pair and key/query-row nodes) or one
+  uint64_t* bits = nullptr;  // bool nodes: a word per row if the node varies along rows, else one
   bool has_values = false;
   bool has_bits = false;
   bool affine = false;  // int64: value(r, c) = base + dr · r + dc · c, exactly
@@ -92,7 +92,7 @@ inline uint64_t low_bits(int64_t n) {
   return n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
 }
 
-// The node's own storage as a view (the layout of every value an operator writes).
+// The node's own storage (where every operator writes its values), and the note that it did.
 template <class T>
 T* own(TileState& t, int32_t n) {
   return static_cast<T*>(t.slot(n).own);
