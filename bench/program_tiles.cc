@@ -111,6 +111,12 @@ void register_all() {
     benchmark::RegisterBenchmark(name, run_mask, program)->Unit(benchmark::kNanosecond);
   };
   add_mask("mask/document_causal", Program::mask("(doc[q] == doc[kv]) & (q >= kv)", {doc_table}));
+  // Documents of 3 tokens: every third key starts a new one, so no row's word repeats.
+  static std::vector<int64_t> short_docs(kLength);
+  for (int64_t i = 0; i < kLength; ++i) short_docs[i] = i / 3;
+  add_mask("mask/document_causal/3_token_documents",
+           Program::mask("(doc[q] == doc[kv]) & (q >= kv)",
+                         {ProgramTable::borrow("doc", short_docs.data(), {kLength})}));
   add_mask("mask/causal", Program::mask("q >= kv"));
   add_mask("mask/window256", Program::mask("(q - kv >= 0) & (q - kv < 256)"));
 
