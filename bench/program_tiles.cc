@@ -79,6 +79,25 @@ void run_score(benchmark::State& state, const Program& program, bool query_rows)
   }
 }
 
+// The backward of a score tile (query rows, the backward kernel's layout), with the gradient of
+// its float32 tables accumulated.
+void run_backward(benchmark::State& state, const Program& program, int64_t table_elements) {
+  std::vector<float> s(kTile * kTile), ds(kTile * kTile);
+  for (size_t k = 0; k < s.size(); ++k) s[k] = std::sin(static_cast<float>(k)) * 8.0f;
+  std::vector<double> grad(table_elements, 0.0);
+  double* const grads[1] = {grad.data()};
+  Walk walk;
+  maskattn::ProgramTile tile;
+  tile.nq = tile.nk = kTile;
+  tile.query_rows = true;
+  for (auto _ : state) {
+    walk.next(tile.h, tile.q0, tile.kv0);
+    for (size_t k = 0; k < ds.size(); ++k) ds[k] = 1.0f;
+    program.score_tile_backward(tile, s.data(), ds.data(), grads);
+    benchmark::DoNotOptimize(ds.data());
+  }
+}
+
 void register_all() {
   static const std::vector<int64_t> doc = document_ids();
   static std::vector<float> rel(kHeads * (2 * kLength - 1));
@@ -92,6 +111,12 @@ void register_all() {
     benchmark::RegisterBenchmark(name, run_mask, program)->Unit(benchmark::kNanosecond);
   };
   add_mask("mask/document_causal", Program::mask("(doc[q] == doc[kv]) & (q >= kv)", {doc_table}));
+  // Documents of 3 tokens: every third key starts a new one, so no row's word repeats.
+  static std::vector<int64_t> short_docs(kLength);
+  for (int64_t i = 0; i < kLength; ++i) short_docs[i] = i / 3;
+  add_mask("mask/document_causal/3_token_documents",
+           Program::mask("(doc[q] == doc[kv]) & (q >= kv)",
+                         {ProgramTable::borrow("doc", short_docs.data(), {kLength})}));
   add_mask("mask/causal", Program::mask("q >= kv"));
   add_mask("mask/window256", Program::mask("(q - kv >= 0) & (q - kv < 256)"));
 
@@ -105,6 +130,11 @@ void register_all() {
   add_score("score/relative_bias", Program::score("s + rel[h, q - kv + 4095]", {rel_table}));
   add_score("score/softcap", Program::score("30.0 * tanh(s / 30.0)"));
   add_score("score/gate", Program::score("s * g[h]", {gate_table}));
+  add_score("score/alibi", Program::score("s - g[h] * abs(q - kv)", {gate_table}));
+  benchmark::RegisterBenchmark("backward/relative_bias/query_rows", run_backward,
+                               Program::score("s + rel[h, q - kv + 4095]", {rel_table}),
+                               static_cast<int64_t>(rel.size()))
+      ->Unit(benchmark::kNanosecond);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // of range (exactness).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -134,6 +135,17 @@ TEST(ProgramCheck, WrappingArithmeticGivesTheWholeRange) {
   EXPECT_NO_THROW(
       Program::mask("doc[floor(sigmoid(q - 1000.5) * 7.9)] == 0", tables).check({1, 1, 5000, 1}));
   EXPECT_THROW(Program::mask("doc[floor(exp(q))] == 0", tables).check({1, 1, 5, 1}), Error);
+  // A float32 table's values bound an index through floor (NaN floors to 0).
+  std::vector<float> w = {0.5f, 6.9f, 2.0f};
+  const Program by_weight =
+      Program::mask("doc[floor(w[h])] == 0", {tables[0], ProgramTable::borrow("w", w.data(), {3})});
+  EXPECT_NO_THROW(by_weight.check({1, 3, 4, 4}));
+  w[1] = 8.0f;
+  EXPECT_THROW(by_weight.check({1, 3, 4, 4}), Error);
+  w[1] = std::nanf("");
+  EXPECT_NO_THROW(by_weight.check({1, 3, 4, 4}));
+  w[1] = -0.5f;
+  EXPECT_THROW(by_weight.check({1, 3, 4, 4}), Error);
   EXPECT_THROW(Program::mask("doc[floor(log(q - 1))] == 0", tables).check({1, 1, 5, 1}), Error);
 }
 

@@ -58,10 +58,12 @@ void ensure_values(TileState& t, int32_t n) {
   Slot& slot = t.slot(n);
   if (slot.has_values) return;
   int64_t* out = own<int64_t>(t, n);
-  if (slot.affine) {
-    for (int64_t r = 0; r < t.rows_of(n); ++r) {
-      const int64_t start = slot.base + slot.dr * r;  // exact: affine nodes never wrap
-      for (int64_t c = 0; c < t.cols_of(n); ++c) out[r * slot.row_stride + c] = start + slot.dc * c;
+  if (slot.affine) {  // locals: out may alias the slot's int64 fields as far as the compiler knows
+    const int64_t rows = t.rows_of(n), cols = t.cols_of(n), stride = slot.row_stride;
+    const int64_t base = slot.base, dr = slot.dr, dc = slot.dc;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t start = base + dr * r;  // exact: affine nodes never wrap
+      for (int64_t c = 0; c < cols; ++c) out[r * stride + c] = start + dc * c;
     }
   } else {  // a bool pair node known as bit rows only
     for (int64_t r = 0; r < t.rows; ++r) {
@@ -368,15 +370,15 @@ void EvaluateTileBackwardImpl(const ProgramIr& ir, const ProgramTile& tile, cons
     const Op op = ir.nodes[n].op;
     if (adjoint(t, n) != nullptr && op != Op::var_s && op != Op::table) propagate(t, n);
   }
+  const double* score = nullptr;  // s's adjoint (one node: equal nodes are shared)
+  for (int32_t n = 0; n < count; ++n) {
+    if (ir.nodes[n].op == Op::var_s) score = adjoint(t, n);
+  }
   for (int64_t r = 0; r < t.rows; ++r) {
+    float* row = ds + r * stride;
     for (int64_t c = 0; c < t.cols; ++c) {
-      double sum = 0;  // the uses of s (one node: equal nodes are shared)
-      for (int32_t n = 0; n < count; ++n) {
-        if (ir.nodes[n].op == Op::var_s && adjoint(t, n) != nullptr)
-          sum += adjoint(t, n)[r * t.cols + c];
-      }
-      float& out = ds[r * stride + c];
-      out = out == 0 ? 0.0f : static_cast<float>(sum);
+      const double value = score != nullptr ? score[r * t.cols + c] : 0.0;
+      row[c] = row[c] == 0 ? 0.0f : static_cast<float>(value);
     }
   }
   for (int32_t n = 0; n < count; ++n) {

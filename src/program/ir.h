@@ -11,9 +11,11 @@
 // Invariants after compile (compile.cc): arguments precede their users; implicit int64 → f32
 // promotions are explicit to_f32 nodes; a node whose arguments are all constants has been folded
 // into a constant (table reads are never folded: the table memory is borrowed and may change);
-// unreachable nodes have been removed. The element functions below are the only definition of the
-// arithmetic: folding, the scalar evaluator and the tile evaluator all call them, which is why the
-// evaluators agree bit for bit.
+// unreachable nodes have been removed; equal nodes are one node (compile.cc). The element
+// functions below are the only definition of the arithmetic: folding, the scalar evaluator and
+// the tile evaluator all call them, which is why the evaluators agree bit for bit. (The tile
+// evaluator's other forms, bit-row comparisons and affine values, are exact by construction:
+// tile_slots-inl.h.)
 #pragma once
 
 #include <cmath>

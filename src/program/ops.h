@@ -2,7 +2,9 @@
 // operator as a plain function of element values (int64 for bool and int64 nodes, float for f32
 // ones): the scalar evaluator (and so constant folding) calls f once per pair, the tile evaluator
 // maps it over a whole tile. One definition, hence the same bits in all three (program.h promises
-// that the two evaluators agree exactly).
+// that the two evaluators agree exactly). The tile evaluator's comparisons into bit rows are
+// vector compares (tile_bits-inl.h), integer and IEEE comparisons with the same results, and its
+// affine int64 nodes are kept only where no element wraps, so those too give the same values.
 //
 // The conversions to_f32 (int64 → f32) and floor (f32 → int64) change the element type; each
 // evaluator handles them itself, as it does constants, variables, tables and where.

@@ -116,6 +116,7 @@ namespace {
 struct Ranges {
   std::vector<IntRange> ints;
   std::vector<F32Range> floats;
+  bool f32_matters = false;  // only through floor can an f32 reach an index or a divisor
 };
 
 // Calls visit(offset) for every element of a table (strides as given).
@@ -135,6 +136,10 @@ void for_each_element(const ProgramTable& table, Visit visit) {
 
 // A table read's values: the smallest and largest element (scanned now: the memory is borrowed).
 void table_range(const ProgramTable& table, const Node& node, Ranges& ranges, size_t n) {
+  if (node.type == Type::f32 && !ranges.f32_matters) {
+    ranges.floats[n] = whole_f32();  // a large bias table is not scanned for nothing
+    return;
+  }
   if (node.type == Type::f32) {
     F32Range r{kInf, -kInf, false};
     for_each_element(table, [&](int64_t offset) {
@@ -388,6 +393,7 @@ void check_program(const ProgramIr& ir, const ProgramDomain& domain) {
   }
   if (domain.batch == 0 || domain.heads == 0 || domain.q_len == 0 || domain.k_len == 0) return;
   Ranges ranges{std::vector<IntRange>(ir.nodes.size()), std::vector<F32Range>(ir.nodes.size())};
+  for (const Node& node : ir.nodes) ranges.f32_matters = ranges.f32_matters || node.op == Op::floor;
   for (size_t n = 0; n < ir.nodes.size(); ++n) {
     const Node& node = ir.nodes[n];
     if (node.op == Op::table) check_index(ir, node, ranges, domain);

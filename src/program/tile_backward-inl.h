@@ -68,9 +68,11 @@ inline void place_adjoints(TileState& t, double* const* table_grads) {
       next += t.rows * t.cols;
     }
   }
+  t.work.adjoint_sink = next;  // one more array: the sink (adjoint_or_sink)
+  next += t.rows * t.cols;
   std::vector<double>& adjoints = t.work.adjoints;
   if (static_cast<int64_t>(adjoints.size()) < next) adjoints.resize(next);
-  std::fill(adjoints.begin(), adjoints.begin() + next, 0.0);
+  std::fill(adjoints.begin(), adjoints.begin() + t.work.adjoint_sink, 0.0);
 }
 
 inline double* adjoint(TileState& t, int32_t n) {
@@ -78,61 +80,94 @@ inline double* adjoint(TileState& t, int32_t n) {
   return offset < 0 ? nullptr : t.work.adjoints.data() + offset;
 }
 
-// f(g, r, c, k) for every pair whose adjoint g is not 0 (k = r · cols + c).
-template <class F>
-void for_each_adjoint(TileState& t, const double* g, F f) {
-  for (int64_t r = 0; r < t.rows; ++r) {
-    for (int64_t c = 0; c < t.cols; ++c) {
-      const int64_t k = r * t.cols + c;
-      if (g[k] != 0) f(g[k], r, c, k);
-    }
+// Where an argument without an adjoint has its contributions written and forgotten, so that the
+// loops below need no test per pair.
+inline double* adjoint_or_sink(TileState& t, int32_t n) {
+  double* a = adjoint(t, n);
+  return a != nullptr ? a : t.work.adjoints.data() + t.work.adjoint_sink;
+}
+
+// grad · derivative, or nothing when either is 0 (0 · inf stays 0: see the top).
+inline double contribution(double grad, double derivative) {
+  return grad != 0 && derivative != 0 ? grad * derivative : 0.0;
+}
+
+// f(k, values...) for every pair of the tile (k = r · cols + c), each input read along the row or
+// as one value per row (with_accessors): a plain loop per row that the compiler vectorises.
+template <class F, class... A>
+void pairs_rows(int64_t rows, int64_t cols, F f, A... a) {
+  for (int64_t r = 0; r < rows; ++r) {
+    (a.row(r), ...);
+    const int64_t first = r * cols;
+#pragma GCC ivdep
+    for (int64_t c = 0; c < cols; ++c) f(first + c, a[c]...);
   }
 }
-
-inline double value_at(const In<float>& v, int64_t r, int64_t c) {
-  return v.data[r * v.row_stride + c * v.col_stride];
+template <class F, class... T>
+void for_pairs(TileState& t, F f, In<T>... in) {
+  with_accessors(
+      t.cols, [&](auto... a) { pairs_rows(t.rows, t.cols, f, a...); }, std::tuple<>(), in...);
 }
 
-// ∂/∂a and ∂/∂b of a binary f32 operator at (a, b), `out` its result.
-inline void binary_derivatives(Op op, double a, double b, double out, double& da, double& db) {
-  (void)out;
+struct Derivatives {
+  double a, b;
+};
+
+// The derivatives of each binary f32 operator at (a, b) (result `out`), one function per
+// operator, chosen once per node.
+template <class Use>
+void with_binary_derivatives(Op op, Use&& use) {
   switch (op) {
     case Op::add:
-      da = 1, db = 1;
-      return;
+      return use([](double, double, double) { return Derivatives{1, 1}; });
     case Op::sub:
-      da = 1, db = -1;
-      return;
+      return use([](double, double, double) { return Derivatives{1, -1}; });
     case Op::mul:
-      da = b, db = a;
-      return;
+      return use([](double a, double b, double) { return Derivatives{b, a}; });
     case Op::div:
-      da = 1 / b, db = -a / (b * b);
-      return;
+      return use([](double a, double b, double) { return Derivatives{1 / b, -a / (b * b)}; });
     case Op::min:  // torch.minimum: self gets 0 where self > other, half at a tie
-      da = a == b ? 0.5 : (a > b ? 0 : 1);
-      db = a == b ? 0.5 : (a < b ? 0 : 1);
-      return;
+      return use([](double a, double b, double) {
+        return Derivatives{a == b ? 0.5 : (a > b ? 0.0 : 1.0), a == b ? 0.5 : (a < b ? 0.0 : 1.0)};
+      });
     default:  // max, torch.maximum
-      da = a == b ? 0.5 : (a < b ? 0 : 1);
-      db = a == b ? 0.5 : (a > b ? 0 : 1);
+      return use([](double a, double b, double) {
+        return Derivatives{a == b ? 0.5 : (a < b ? 0.0 : 1.0), a == b ? 0.5 : (a > b ? 0.0 : 1.0)};
+      });
   }
 }
 
-inline double unary_derivative(Op op, double a, double out) {
+template <class Use>
+void with_unary_derivative(Op op, Use&& use) {
   switch (op) {
     case Op::neg:
-      return -1;
-    case Op::abs:
-      return (a > 0) - (a < 0);
+      return use([](double, double) { return -1.0; });
+    case Op::abs:  // sign(a), 0 at 0 (and at NaN)
+      return use([](double a, double) { return static_cast<double>((a > 0) - (a < 0)); });
     case Op::exp:
-      return out;
+      return use([](double, double out) { return out; });
     case Op::log:
-      return 1 / a;
+      return use([](double a, double) { return 1 / a; });
     case Op::tanh:
-      return 1 - out * out;
+      return use([](double, double out) { return 1 - out * out; });
     default:  // sigmoid
-      return out * (1 - out);
+      return use([](double, double out) { return out * (1 - out); });
+  }
+}
+
+// where(c, x, y): each pair's adjoint to the side its condition took.
+inline void propagate_where(TileState& t, const Node& node, const double* g) {
+  double* x = adjoint_or_sink(t, node.args[1]);
+  double* y = adjoint_or_sink(t, node.args[2]);
+  const BitsIn bits = bits_of(t, node.args[0]);
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const uint64_t word = bits.words[r * bits.step];
+    const int64_t first = r * t.cols;
+    for (int64_t c = 0; c < t.cols; ++c) {
+      const bool taken = ((word >> c) & 1) != 0;
+      x[first + c] += taken ? g[first + c] : 0.0;
+      y[first + c] += taken ? 0.0 : g[first + c];
+    }
   }
 }
 
@@ -140,55 +175,65 @@ inline double unary_derivative(Op op, double a, double out) {
 inline void propagate(TileState& t, int32_t n) {
   const Node& node = t.node(n);
   const double* g = adjoint(t, n);
-  if (node.op == Op::where) {
-    double* x = adjoint(t, node.args[1]);
-    double* y = adjoint(t, node.args[2]);
-    const BitsIn bits = bits_of(t, node.args[0]);
-    for_each_adjoint(t, g, [&](double grad, int64_t r, int64_t c, int64_t k) {
-      double* side = ((bits.words[r * bits.step] >> c) & 1) != 0 ? x : y;
-      if (side != nullptr) side[k] += grad;
-    });
-    return;
-  }
+  if (node.op == Op::where) return propagate_where(t, node, g);
   const In<float> out = view<float>(t, n);
   const In<float> a = view<float>(t, node.args[0]);
-  double* da = adjoint(t, node.args[0]);
+  double* da = adjoint_or_sink(t, node.args[0]);
   if (arity(node.op) == 1) {
-    if (da == nullptr) return;
-    for_each_adjoint(t, g, [&](double grad, int64_t r, int64_t c, int64_t k) {
-      da[k] += grad * unary_derivative(node.op, value_at(a, r, c), value_at(out, r, c));
+    return with_unary_derivative(node.op, [&](auto derivative) {
+      for_pairs(
+          t, [&](int64_t k, float x, float o) { da[k] += contribution(g[k], derivative(x, o)); }, a,
+          out);
     });
-    return;
   }
   const In<float> b = view<float>(t, node.args[1]);
-  double* db = adjoint(t, node.args[1]);
-  for_each_adjoint(t, g, [&](double grad, int64_t r, int64_t c, int64_t k) {
-    double d0 = 0, d1 = 0;
-    binary_derivatives(node.op, value_at(a, r, c), value_at(b, r, c), value_at(out, r, c), d0, d1);
-    if (da != nullptr && d0 != 0) da[k] += grad * d0;
-    if (db != nullptr && d1 != 0) db[k] += grad * d1;
+  double* db = adjoint_or_sink(t, node.args[1]);
+  with_binary_derivatives(node.op, [&](auto derivatives) {
+    for_pairs(
+        t,
+        [&](int64_t k, float x, float y, float o) {
+          const Derivatives d = derivatives(x, y, o);
+          da[k] += contribution(g[k], d.a);
+          db[k] += contribution(g[k], d.b);
+        },
+        a, b, out);
   });
 }
 
 // A float32 table read's adjoints, added into the table's gradient at each pair's element
-// (logical row-major index), key rows j then queries i.
+// (logical row-major index), key rows j then queries i. Affine indices (rel[h, q - kv + c]) give
+// the element as an affine function of the pair, with no index written out; its arithmetic wraps
+// (ir.h), harmlessly: every element it reaches was read in range by the forward.
 inline void add_table_gradient(TileState& t, int32_t n, double* grad, int64_t nq, int64_t nk,
                                bool query_rows) {
   const Node& node = t.node(n);
   const ProgramTable& table = t.ir.tables[node.table];
-  const double* g = adjoint(t, n);
-  In<int64_t> index[3] = {{nullptr, 0, 0}, {nullptr, 0, 0}, {nullptr, 0, 0}};
   const size_t rank = table.sizes.size();
-  for (size_t k = 0; k < rank; ++k) index[k] = view<int64_t>(t, node.args[k]);
+  const double* g = adjoint(t, n);
+  bool affine = true;
+  int64_t origin = 0, row_step = 0, col_step = 0;  // Horner over the logical sizes
+  In<int64_t> index[3] = {{nullptr, 0, 0}, {nullptr, 0, 0}, {nullptr, 0, 0}};
+  for (size_t k = 0; k < rank; ++k) {
+    const Slot& slot = t.slot(node.args[k]);
+    affine = affine && slot.affine;
+    origin = wrap_add(wrap_mul(origin, table.sizes[k]), slot.base);
+    row_step = wrap_add(wrap_mul(row_step, table.sizes[k]), slot.dr);
+    col_step = wrap_add(wrap_mul(col_step, table.sizes[k]), slot.dc);
+  }
+  for (size_t k = 0; k < rank && !affine; ++k) index[k] = view<int64_t>(t, node.args[k]);
   for (int64_t j = 0; j < nk; ++j) {
     for (int64_t i = 0; i < nq; ++i) {
       const int64_t r = query_rows ? i : j, c = query_rows ? j : i;
       const double value = g[r * t.cols + c];
       if (value == 0) continue;
       int64_t element = 0;
-      for (size_t k = 0; k < rank; ++k) {
-        element = element * table.sizes[k] +
-                  index[k].data[r * index[k].row_stride + c * index[k].col_stride];
+      if (affine) {
+        element = wrap_add(origin, wrap_add(wrap_mul(row_step, r), wrap_mul(col_step, c)));
+      } else {
+        for (size_t k = 0; k < rank; ++k) {
+          const In<int64_t>& v = index[k];
+          element = element * table.sizes[k] + v.data[r * v.row_stride + c * v.col_stride];
+        }
       }
       grad[element] += value;
     }

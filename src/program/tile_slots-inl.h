@@ -44,11 +44,11 @@ namespace HWY_NAMESPACE {
 enum Axes : uint8_t { kRowAxis = 1, kColAxis = 2, kBothAxes = 3 };
 
 struct Slot {
-  uint8_t axes = 0;
-  const void* data = nullptr;  // the values, once known (has_values)
+  uint8_t axes = 0;            // kRowAxis | kColAxis: the axes the node varies along
+  const void* data = nullptr;  // the values, once known (has_values), viewed with the strides
   int64_t row_stride = 0, col_stride = 0;
   void* own = nullptr;       // the node's storage: int64 for bool and int64 nodes, float for f32
-  uint64_t* bits = nullptr;  // bool nodes: one word per row (pair and key/query-row nodes) or one
+  uint64_t* bits = nullptr;  // bool nodes: a word per row if the node varies along rows, else one
   bool has_values = false;
   bool has_bits = false;
   bool affine = false;  // int64: value(r, c) = base + dr · r + dc · c, exactly
@@ -69,6 +69,7 @@ struct Workspace {
   std::vector<Slot> slots;
   std::vector<double> adjoints;  // the backward's, one array per node that carries a gradient
   std::vector<int64_t> adjoint_offsets;
+  int64_t adjoint_sink = 0;
   std::vector<int32_t> narrow = std::vector<int32_t>(128);  // two operands as int32 (≤ 64 each)
 };
 
@@ -91,7 +92,7 @@ inline uint64_t low_bits(int64_t n) {
   return n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
 }
 
-// The node's own storage as a view (the layout of every value an operator writes).
+// The node's own storage (where every operator writes its values), and the note that it did.
 template <class T>
 T* own(TileState& t, int32_t n) {
   return static_cast<T*>(t.slot(n).own);
@@ -148,22 +149,23 @@ void map_rows(Out* out, int64_t out_stride, int64_t rows, int64_t cols, F f, A..
   }
 }
 
-template <class Out, class F, class... Chosen>
-void map_chosen(Out* out, int64_t out_stride, int64_t rows, int64_t cols, F f,
-                std::tuple<Chosen...> chosen) {
-  std::apply([&](auto... a) { map_rows(out, out_stride, rows, cols, f, a...); }, chosen);
+// Calls body(accessors...) with each input's accessor chosen once: Same when the input has one
+// value per row (or the rows are one column wide), Along otherwise.
+template <class Body, class... Chosen>
+void with_accessors(int64_t, Body body, std::tuple<Chosen...> chosen) {
+  std::apply(body, chosen);
 }
-template <class Out, class F, class... Chosen, class T, class... Rest>
-void map_chosen(Out* out, int64_t out_stride, int64_t rows, int64_t cols, F f,
-                std::tuple<Chosen...> chosen, In<T> first, Rest... rest) {
+template <class Body, class... Chosen, class T, class... Rest>
+void with_accessors(int64_t cols, Body body, std::tuple<Chosen...> chosen, In<T> first,
+                    Rest... rest) {
   if (first.col_stride == 0 || cols == 1) {
-    map_chosen(out, out_stride, rows, cols, f,
-               std::tuple_cat(chosen, std::make_tuple(Same<T>{first.data, first.row_stride})),
-               rest...);
+    with_accessors(cols, body,
+                   std::tuple_cat(chosen, std::make_tuple(Same<T>{first.data, first.row_stride})),
+                   rest...);
   } else {
-    map_chosen(out, out_stride, rows, cols, f,
-               std::tuple_cat(chosen, std::make_tuple(Along<T>{first.data, first.row_stride})),
-               rest...);
+    with_accessors(cols, body,
+                   std::tuple_cat(chosen, std::make_tuple(Along<T>{first.data, first.row_stride})),
+                   rest...);
   }
 }
 
@@ -171,7 +173,11 @@ void map_chosen(Out* out, int64_t out_stride, int64_t rows, int64_t cols, F f,
 template <class Out, class F, class... T>
 void map(TileState& t, int32_t n, F f, In<T>... in) {
   const Slot& slot = t.slot(n);
-  map_chosen(own<Out>(t, n), slot.row_stride, t.rows_of(n), t.cols_of(n), f, std::tuple<>(), in...);
+  Out* out = own<Out>(t, n);
+  const int64_t rows = t.rows_of(n), cols = t.cols_of(n);
+  with_accessors(
+      cols, [&](auto... a) { map_rows(out, slot.row_stride, rows, cols, f, a...); }, std::tuple<>(),
+      in...);
   mark_written<Out>(t, n);
 }
 
