@@ -25,6 +25,7 @@
 #define HWY_TARGET_INCLUDE "program/eval_tile.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
+#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 #include <cstdint>
@@ -48,6 +49,58 @@ struct Destination {
   float* scores = nullptr;
   int64_t stride = 0;
 };
+
+// exp, log, tanh and sigmoid over n floats with Highway's vector math (hwy/contrib/math): their
+// one definition. The scalar evaluator and constant folding call it for one element (math_f32,
+// dispatched to this same target), so every evaluator agrees bit for bit while tiles run whole
+// vectors. IEEE's special values are set explicitly (the polynomials' contracts stop at them):
+// log(0) = −inf, log(x < 0) = NaN, log(inf) = inf; exp overflows to inf and underflows to 0; NaN
+// stays NaN.
+template <class D>
+hn::Vec<D> MathVector(D d, Op op, hn::Vec<D> x) {
+  using V = hn::Vec<D>;
+  const V nan = hn::Set(d, std::numeric_limits<float>::quiet_NaN());
+  const V inf = hn::Set(d, std::numeric_limits<float>::infinity());
+  const V zero = hn::Zero(d), one = hn::Set(d, 1.0f);
+  const auto exp = [&](V v) {
+    // Beyond these the result is inf or 0 (the clamped polynomial would give a finite value).
+    const V y = hn::Exp(d, hn::Min(hn::Max(v, hn::Set(d, -104.0f)), hn::Set(d, 88.5f)));
+    const V high = hn::IfThenElse(hn::Gt(v, hn::Set(d, 88.72283f)), inf, y);
+    return hn::IfThenElse(hn::Lt(v, hn::Set(d, -103.97208f)), zero, high);
+  };
+  V y;
+  switch (op) {
+    case Op::exp:
+      y = exp(x);
+      break;
+    case Op::log: {
+      const V positive = hn::IfThenElse(hn::Gt(x, zero), x, one);
+      y = hn::Log(d, hn::Min(positive, hn::Set(d, std::numeric_limits<float>::max())));
+      y = hn::IfThenElse(hn::Eq(x, inf), inf, y);
+      y = hn::IfThenElse(hn::Eq(x, zero), hn::Neg(inf), y);
+      y = hn::IfThenElse(hn::Lt(x, zero), nan, y);
+      break;
+    }
+    case Op::tanh:
+      y = hn::Tanh(d, hn::Min(hn::Max(x, hn::Set(d, -20.0f)), hn::Set(d, 20.0f)));
+      break;
+    default:  // sigmoid = 1 / (1 + exp(−x))
+      y = hn::Div(one, hn::Add(one, exp(hn::Neg(x))));
+  }
+  return hn::IfThenElse(hn::IsNaN(x), x, y);
+}
+
+void MathF32(Op op, const float* HWY_RESTRICT in, float* HWY_RESTRICT out, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(MathVector(d, op, hn::LoadU(d, in + i)), d, out + i);
+  if (i == n) return;
+  HWY_ALIGN float rest[hn::MaxLanes(d)] = {};
+  for (int64_t k = i; k < n; ++k) rest[k - i] = in[k];
+  hn::Store(MathVector(d, op, hn::Load(d, rest)), d, rest);
+  for (int64_t k = i; k < n; ++k) out[k] = rest[k - i];
+}
 
 Workspace& workspace() {
   thread_local Workspace work;
@@ -221,6 +274,13 @@ void f32_node(TileState& t, int32_t n) {
   if (node.op == Op::floor) {
     return map<int64_t>(
         t, n, [](float x) { return floor_to_int(x); }, a);
+  }
+  if (is_vector_math(node.op) && (a.col_stride == 1 || t.cols_of(n) == 1)) {
+    float* out = own<float>(t, n);
+    for (int64_t r = 0; r < t.rows_of(n); ++r) {
+      MathF32(node.op, a.data + r * a.row_stride, out + r * t.slot(n).row_stride, t.cols_of(n));
+    }
+    return mark_written<float>(t, n);
   }
   if (arity(node.op) == 1) {
     return with_f32_unary(node.op, [&](auto f) { map<float>(t, n, f, a); });
@@ -396,6 +456,11 @@ HWY_AFTER_NAMESPACE();
 namespace maskattn::program {
 
 HWY_EXPORT(EvaluateTileImpl);
+HWY_EXPORT(MathF32);
+
+void math_f32(Op op, const float* in, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(MathF32)(op, in, out, n);
+}
 
 void evaluate_tile(const ProgramIr& ir, const ProgramTile& tile, uint64_t* bits, float* s) {
   HWY_DYNAMIC_DISPATCH(EvaluateTileImpl)(ir, tile, bits, s);

@@ -190,7 +190,7 @@ inline F32Range f32_log_range(const F32Range& a) {
   // log of a negative number is NaN; log(±0) = −inf.
   const F32Range positive{std::max(a.lo, 0.0f), std::max(a.hi, 0.0f), a.nan || a.lo < 0};
   return f32_monotone(
-      positive, [](float x) { return std::log(x); }, -kInf, kInf);
+      positive, [](float x) { return math_f32(Op::log, x); }, -kInf, kInf);
 }
 inline float f32_of_int(int64_t x) {
   return to_f32(x);  // rounding to nearest is monotone

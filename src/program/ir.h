@@ -133,8 +133,16 @@ inline float min_f32(float a, float b) {
 inline float max_f32(float a, float b) {
   return a < b ? b : a;
 }
-inline float sigmoid_f32(float x) {
-  return 1.0f / (1.0f + std::exp(-x));
+// exp, log, tanh, sigmoid of n floats: Highway's vector math for this CPU (eval_tile.cc), the one
+// definition every evaluator uses.
+void math_f32(Op op, const float* in, float* out, int64_t n);
+inline float math_f32(Op op, float x) {
+  float y = 0.0f;
+  math_f32(op, &x, &y, 1);
+  return y;
+}
+inline bool is_vector_math(Op op) {
+  return op == Op::exp || op == Op::log || op == Op::tanh || op == Op::sigmoid;
 }
 
 // One table element; the caller has checked every index against the sizes.

@@ -83,13 +83,13 @@ decltype(auto) with_f32_unary(Op op, Use&& use) {
     case Op::abs:
       return use([](float x) { return std::fabs(x); });
     case Op::exp:
-      return use([](float x) { return std::exp(x); });
+      return use([](float x) { return math_f32(Op::exp, x); });
     case Op::log:
-      return use([](float x) { return std::log(x); });
+      return use([](float x) { return math_f32(Op::log, x); });
     case Op::tanh:
-      return use([](float x) { return std::tanh(x); });
+      return use([](float x) { return math_f32(Op::tanh, x); });
     default:  // sigmoid
-      return use([](float x) { return sigmoid_f32(x); });
+      return use([](float x) { return math_f32(Op::sigmoid, x); });
   }
 }
 

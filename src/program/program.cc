@@ -233,14 +233,15 @@ F32Range f32_range(const Node& node, const F32Range& a, const F32Range& b) {
       return f32_abs_range(a);
     case Op::exp:
       return f32_monotone(
-          a, [](float x) { return std::exp(x); }, 0, kInf);
+          a, [](float x) { return math_f32(Op::exp, x); }, 0, kInf);
     case Op::log:
       return f32_log_range(a);
     case Op::tanh:
       return f32_monotone(
-          a, [](float x) { return std::tanh(x); }, -1, 1);
+          a, [](float x) { return math_f32(Op::tanh, x); }, -1, 1);
     case Op::sigmoid:
-      return f32_monotone(a, sigmoid_f32, 0, 1);
+      return f32_monotone(
+          a, [](float x) { return math_f32(Op::sigmoid, x); }, 0, 1);
     case Op::add:
       return f32_add_range(a, b);
     case Op::sub:
