@@ -107,8 +107,8 @@ void expect_score(const Program& program, const ScoreFn& want, const std::vector
                 const float expected = want(raw, b, h, q0 + i, kv0 + j);
                 ASSERT_EQ(bits_of(s[j * nq + i]), bits_of(scalar))
                     << "tile vs scalar at q=" << q0 + i << " kv=" << kv0 + j;
-                const int64_t apart = static_cast<int64_t>(bits_of(scalar)) -
-                                      static_cast<int64_t>(bits_of(expected));
+                const int64_t apart =
+                    static_cast<int64_t>(bits_of(scalar)) - static_cast<int64_t>(bits_of(expected));
                 ASSERT_LE(std::llabs(apart), ulps)
                     << "scalar " << scalar << " vs lambda " << expected << " at q=" << q0 + i
                     << " kv=" << kv0 + j;

@@ -46,9 +46,8 @@ void backward_binding(const InputArray& q, const InputArray& k, const InputArray
                       const OutputArray& dq, const OutputArray& dk, const OutputArray& dv,
                       const std::optional<OutputArray>& dbias,
                       const std::optional<OutputArray>& dsinks, const nb::list& dtables,
-                      const Mask* mask,
-                      const ScoreMods* mods, std::optional<double> scale, int threads,
-                      const std::string& kernel, const std::string& products,
+                      const Mask* mask, const ScoreMods* mods, std::optional<double> scale,
+                      int threads, const std::string& kernel, const std::string& products,
                       const std::string& element,
                       const std::optional<std::vector<int64_t>>& frame) {
   const TensorView qv = input_view(q, "q", element), kv = input_view(k, "k", element),

@@ -211,8 +211,10 @@ Program score_program(nb::handle program) {
     return program_of(program[0], nb::borrow<nb::dict>(tables), ProgramKind::score);
   }
   if (nb::isinstance<nb::tuple>(program)) {
-    throw Error("program must be a maskattn.Program, its text, or (text, {name: table}); got a "
-                "tuple of " + std::to_string(nb::len(program)));
+    throw Error(
+        "program must be a maskattn.Program, its text, or (text, {name: table}); got a "
+        "tuple of " +
+        std::to_string(nb::len(program)));
   }
   return program_of(program, nb::dict(), ProgramKind::score);
 }
@@ -240,8 +242,9 @@ void bind_score_mods(nb::module_& m) {
             if (!sinks.is_none()) mods->sinks = float_list(sinks, "sinks");
             if (!program.is_none()) {
               if (mods->score_fn) {
-                throw Error("ScoreMods: give score_fn or program, not both (a program takes "
-                            "score_fn's place)");
+                throw Error(
+                    "ScoreMods: give score_fn or program, not both (a program takes "
+                    "score_fn's place)");
               }
               mods->program = score_program(program);
             }

@@ -38,8 +38,8 @@ nb::object table_object(nb::handle value, const std::string& what) {
   if (nb::hasattr(value, "detach") && nb::hasattr(value, "device")) {
     const std::string device = nb::cast<std::string>(nb::str(nb::object(value.attr("device"))));
     if (device != "cpu") {
-      throw Error(what + " is a tensor on " + device + "; program tables are read in CPU memory: " +
-                  "move it with .cpu()");
+      throw Error(what + " is a tensor on " + device +
+                  "; program tables are read in CPU memory: " + "move it with .cpu()");
     }
     return value.attr("detach")();
   }
@@ -51,8 +51,8 @@ nb::object table_object(nb::handle value, const std::string& what) {
   try {
     array = numpy.attr("asarray")(value);
   } catch (const nb::python_error& error) {
-    throw Error(what + " cannot be read as an array: " +
-                nb::cast<std::string>(nb::str(error.value())));
+    throw Error(what +
+                " cannot be read as an array: " + nb::cast<std::string>(nb::str(error.value())));
   }
   const char kind = nb::cast<std::string>(array.attr("dtype").attr("kind"))[0];
   const char* dtype = kind == 'b' ? "bool" : kind == 'f' ? "float32" : "int64";
@@ -129,8 +129,9 @@ std::vector<ProgramTable> program_tables(const nb::dict& tables) {
 Program program_of(nb::handle program, const nb::dict& tables, ProgramKind kind) {
   if (nb::isinstance<Program>(program)) {
     if (tables.size() > 0) {
-      throw Error("a compiled maskattn.Program already holds its tables; give tables only with "
-                  "the program's text");
+      throw Error(
+          "a compiled maskattn.Program already holds its tables; give tables only with "
+          "the program's text");
     }
     return nb::cast<Program>(program);
   }
@@ -183,7 +184,7 @@ void bind_program_evaluation(nb::class_<Program>& cls) {
          "Raises maskattn.Error (E128) unless no evaluation over the problem can index outside "
          "a table or divide by zero.")
       .def("allows", &Program::allows, arg("b"), arg("h"), arg("q"), arg("kv"),
-          "A mask program's value for one pair (the scalar reference evaluator).")
+           "A mask program's value for one pair (the scalar reference evaluator).")
       .def(
           "score_of",
           [](const Program& self, float s, int64_t b, int64_t h, int64_t q, int64_t kv) {
@@ -234,10 +235,9 @@ void bind_programs(nb::module_& m) {
             return Program::score(text, program_tables(tables));
           },
           arg("text"), arg("tables"), "Compile a score program (a number; s is the score).")
-      .def_prop_ro("kind",
-                   [](const Program& self) {
-                     return self.kind() == ProgramKind::mask ? "mask" : "score";
-                   })
+      .def_prop_ro(
+          "kind",
+          [](const Program& self) { return self.kind() == ProgramKind::mask ? "mask" : "score"; })
       .def_prop_ro("text", &Program::text)
       .def_prop_ro("node_count", &Program::node_count)
       .def_prop_ro("table_names", &table_names)
