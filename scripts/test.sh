@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it: formatting, a warnings-as-errors release build with
 # every test, the Python package's tests (pytest in .venv, against PyTorch 2.x), then the C++ suite
-# under AddressSanitizer + UndefinedBehaviorSanitizer.
+# under AddressSanitizer + UndefinedBehaviorSanitizer (whose kernel sweeps take every other shape of
+# the release pass's edge-case sweep: tests/test_util.cc, for_each_edge_case).
 #
 #   scripts/test.sh           the full suite (what CI runs)
 #   scripts/test.sh --quick   the edit–test loop: release build, every test but the long kernel

@@ -218,6 +218,12 @@ std::vector<std::pair<std::string, Mask>> sparse_sweep_masks(const RandomProblem
   return sparse;
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
 void for_each_edge_case(
     uint64_t seed,
     const std::function<void(const RandomProblem&, const Mask&, const std::string&)>& check) {
@@ -227,8 +233,14 @@ void for_each_edge_case(
       {17, 63, 80, 2, 1},  {63, 64, 96, 2, 2}, {64, 17, 128, 8, 8},
       {65, 127, 64, 2, 1}, {127, 65, 1, 2, 2}, {129, 129, 256, 2, 1},
   };
-  for (const auto& [lq, lk, d, hq, hkv] : shapes) {
-    const RandomProblem p(2, hq, hkv, lq, lk, d, d == 1 ? 3 : d, ++seed);
+  for (size_t n = 0; n < shapes.size(); ++n) {
+    const auto& [lq, lk, d, hq, hkv] = shapes[n];
+    ++seed;
+    // Under AddressSanitizer (scripts/test.sh's second pass, after the release build ran every
+    // shape) every other shape: the tile edges 1, 3, 63/64, 65/127 and 129 stay, the sanitizer's
+    // 2-3x cost does not repeat the whole sweep.
+    if (kSanitized && n % 2 == 1) continue;
+    const RandomProblem p(2, hq, hkv, lq, lk, d, d == 1 ? 3 : d, seed);
     for (const auto& [name, mask] : sweep_masks(p)) {
       check(p, mask,
             name + " Lq=" + std::to_string(lq) + " Lk=" + std::to_string(lk) +
