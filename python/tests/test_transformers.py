@@ -474,6 +474,7 @@ EXAMPLE_OUTPUT = {
     "train_decoder_step.py": "largest |maskattn − SDPA| loss difference",
     "hf_generate.py": "same tokens: True",
     "packed_documents.py": "no token saw another document",
+    "flex_catalogue.py": "every entry matches FlexAttention's definition",
 }
 
 
