@@ -186,16 +186,8 @@ void ScoreGradients(const BackwardContext& c, int64_t b, int64_t h, int64_t q_fi
   }
   const ResolvedMods& mods = *c.problem->mods;
   if (mods.program != nullptr && q_count > 0 && rows > 0) {
-    ProgramTile tile;
-    tile.b = b;
-    tile.h = h;
-    tile.q0 = q_first + mods.q_origin;
-    tile.nq = q_count;
-    tile.kv0 = j0 + mods.k_origin;
-    tile.nk = rows;
-    tile.query_rows = true;
-    tile.row_stride = T;
-    mods.program->score_tile_backward(tile, sc.program_in, ds, sc.table_grads);
+    mods.program->score_tile_backward(mods.program_tile(b, h, q_first, q_count, j0, rows, true, T),
+                                      sc.program_in, ds, sc.table_grads);
   }
   if (c.dbias != nullptr) {
     for (int64_t i = 0; i < q_count; ++i) {

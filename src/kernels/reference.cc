@@ -228,11 +228,7 @@ double through_program(const Problem& p, int64_t b, int64_t h, int64_t i, int64_
   const ResolvedMods& mods = *p.mods;
   const float s_in = static_cast<float>(
       detail::program_input_score(mods, *p.mask, p.mask->has_additive(), b, h, i, j, s0));
-  ProgramTile pair;
-  pair.b = b;
-  pair.h = h;
-  pair.q0 = i + mods.q_origin;
-  pair.kv0 = j + mods.k_origin;
+  const ProgramTile pair = mods.program_tile(b, h, i, 1, j, 1);
   if (dtables != nullptr) {
     float table_ds = static_cast<float>(dS);
     mods.program->score_tile_backward(pair, &s_in, &table_ds, dtables);

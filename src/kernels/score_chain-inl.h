@@ -131,16 +131,12 @@ struct TileScoreChain {
 HWY_INLINE void ApplyProgramToTile(const ResolvedMods& mods, const TileLayout& tile,
                                    float* HWY_RESTRICT s) {
   if (tile.rows <= 0 || tile.pair_lanes <= 0) return;
-  ProgramTile at;
-  at.b = tile.b;
-  at.h = tile.h;
-  at.query_rows = tile.keys_across_lanes;
-  at.q0 = tile.q_first + mods.q_origin;
-  at.kv0 = tile.k_first + mods.k_origin;
-  at.nq = tile.keys_across_lanes ? tile.rows : tile.pair_lanes;
-  at.nk = tile.keys_across_lanes ? tile.pair_lanes : tile.rows;
-  at.row_stride = kChainTileLanes;
-  mods.program->score_tile(at, s);
+  const bool query_rows = tile.keys_across_lanes;
+  mods.program->score_tile(
+      mods.program_tile(tile.b, tile.h, tile.q_first, query_rows ? tile.rows : tile.pair_lanes,
+                        tile.k_first, query_rows ? tile.pair_lanes : tile.rows, query_rows,
+                        kChainTileLanes),
+      s);
 }
 
 // The chain on rows [0, tile.rows) of s (all 64 lanes each). Without a program, one pass of

@@ -9,15 +9,12 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "mask/tile_mask.h"
 
 namespace maskattn::detail {
 namespace {
 
 constexpr int64_t kTileLimit = 64;  // Program::mask_tile's largest tile
-
-uint64_t low_bits(int64_t count) {
-  return count >= 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1;
-}
 
 // What the pairs of queries [q_first, q_end) × keys [k_first, k_end) (global rows) show.
 struct Seen {

@@ -29,6 +29,21 @@ struct ResolvedMods {
   double call_score_fn(double s, int64_t b, int64_t h, int64_t i, int64_t j) const {
     return (*score_fn)(s, b, h, i + q_origin, j + k_origin);
   }
+  // The program's tile for the call's queries [i, i + nq) × keys [j, j + nk): global rows, in the
+  // layout (query or key rows, row stride) the kernel keeps its scores in.
+  ProgramTile program_tile(int64_t b, int64_t h, int64_t i, int64_t nq, int64_t j, int64_t nk,
+                           bool query_rows = false, int64_t row_stride = 0) const {
+    ProgramTile tile;
+    tile.b = b;
+    tile.h = h;
+    tile.q0 = i + q_origin;
+    tile.nq = nq;
+    tile.kv0 = j + k_origin;
+    tile.nk = nk;
+    tile.query_rows = query_rows;
+    tile.row_stride = row_stride;
+    return tile;
+  }
 
   std::optional<double> softcap;
   const float* alibi_slopes = nullptr;  // [Hq] or null

@@ -9,10 +9,6 @@ namespace {
 
 using Form = component::Padding::Form;
 
-uint64_t low_bits(int64_t count) {
-  return count >= 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1;
-}
-
 }  // namespace
 
 TileMaskBuilder::TileMaskBuilder(const ResolvedMask& mask)

@@ -10,6 +10,11 @@
 
 namespace maskattn::detail {
 
+// The bits of the first `count` queries of a block (all 64 for count ≥ 64).
+inline uint64_t low_bits(int64_t count) {
+  return count >= 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1;
+}
+
 class TileMaskBuilder {
  public:
   static constexpr int64_t kMaxQueries = 64;  // one bit per query in a uint64_t
