@@ -43,6 +43,7 @@ void resolve_and_run(Problem& p, const Mask& mask, const ScoreMods& mods, const 
   const ResolvedMods resolved_mods(mods, mask_shape_of(p), options.frame, options.count_sinks);
   p.mask = &resolved_mask;
   p.mods = &resolved_mods;
+  p.dropout = resolve_dropout(options.dropout, resolved_mask.global_shape());
   if (options.check_finite) check_finite_inputs(p, mask, mods);
   kernel(p);
 }

@@ -134,6 +134,22 @@ std::vector<RingCase> ring_cases(bool quick) {
     c.mods.alibi_slopes = {0.25f, 0.0625f};
     cases.push_back(c);
   }
+  // Attention dropout: the ranks must drop exactly the pairs the single call drops (the pairs'
+  // global rows key the generator), forward and backward.
+  {
+    RingCase c = base("dropout_causal_key_padding", n, n);
+    c.batch = 2;
+    c.mask.causal().key_lengths({n, 70});
+    c.dropout = Dropout{0.2, 0x5eed, 3};
+    cases.push_back(c);
+  }
+  {
+    RingCase c = base("bf16_dropout_documents", n, n);
+    c.dtype = DType::bf16;
+    c.mask.segments(document_ids(1, n, 30)).causal();
+    c.dropout = Dropout{0.5, 77, 0};
+    cases.push_back(c);
+  }
   if (quick) {
     // Keep one of each kind that the MPI runs need: drop the ones another case covers.
     std::erase_if(cases, [](const RingCase& c) {

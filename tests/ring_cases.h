@@ -17,6 +17,7 @@ struct RingCase {
   Mask mask;
   ScoreMods mods;
   DType dtype = DType::f32;
+  Dropout dropout;  // Options::dropout of every call (the single call's and the ring's)
 };
 
 // Every case; `quick` keeps a subset with each mask kind once (for the MPI runs, where 4 ranks

@@ -20,9 +20,11 @@ using Results = test::RingResults;
 
 Results single_call(const RingProblem& p) {
   Results r(p);
-  attention(p.q(), p.k(), p.v(), r.out.view(), p.c.mask, p.c.mods, {}, r.lse.view());
+  Options options;
+  options.dropout = p.c.dropout;
+  attention(p.q(), p.k(), p.v(), r.out.view(), p.c.mask, p.c.mods, options, r.lse.view());
   attention_backward(p.q(), p.k(), p.v(), r.out.view(), r.lse.view(), p.dout(), r.grads(p.c),
-                     p.c.mask, p.c.mods);
+                     p.c.mask, p.c.mods, options);
   return r;
 }
 
@@ -31,6 +33,7 @@ Results ring(const RingProblem& p, int world, Layout layout) {
   Results r(p);
   RingOptions options;
   options.layout = layout;
+  options.base.dropout = p.c.dropout;
   dist::ring_emulation(world, p.q(), p.k(), p.v(), r.out.view(), p.c.mask, p.c.mods, options,
                        r.lse.view());
   dist::ring_emulation_backward(world, p.q(), p.k(), p.v(), r.out.view(), r.lse.view(), p.dout(),

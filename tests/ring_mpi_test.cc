@@ -81,6 +81,7 @@ void check_case(const RingCase& c, Layout layout) {
   RingOptions options;
   options.layout = layout;
   options.base.threads = 1;
+  options.base.dropout = c.dropout;
   options.count_allowed_pairs = true;
 
   // The oracle: the emulator (and with one rank, the plain calls).

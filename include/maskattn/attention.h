@@ -43,6 +43,21 @@ enum class Products : uint8_t {
   amx,       // AMX tiles (Intel Sapphire Rapids and later)
 };
 
+// Attention dropout (docs/semantics.md §17): each allowed pair (b, h, q, kv) is dropped with
+// probability p, as a pure function of (seed, offset, b, h, q, kv) — Philox4x32-10 keyed on the
+// seed, counting over the pair's global rows (Options::frame) — so the dropped pairs are the same
+// bits for any thread count, tiling, split of the keys, ring, and for both kernels; the backward
+// regenerates them instead of storing them. Dropout applies to the normalised weights:
+//   O = (P∘Z)·V / (1 − p')   with Z_ij ∈ {0, 1} the kept pairs and P the undropped softmax,
+// where p' = round(p·65536)/65536 (the generator compares 16-bit draws; |p − p'| ≤ 2^-17, and
+// scaling by 1/(1 − p') keeps E[O] exact). LSE is the undropped one (FlashAttention's definition),
+// hidden pairs stay hidden, p = 0 is no dropout, p = 1 drops every pair (O = 0).
+struct Dropout {
+  double p = 0.0;       // 0 ≤ p ≤ 1
+  uint64_t seed = 0;    // the Philox key
+  uint64_t offset = 0;  // < 2^32: separates calls that share a seed (layers, steps)
+};
+
 struct Options {
   std::optional<double> scale;  // default 1/√D
   bool check_finite = false;    // raise an Error naming the first NaN/Inf in Q, K or V
@@ -54,6 +69,9 @@ struct Options {
   // Whether mods.sinks join this call's softmax denominators. A problem split along its keys
   // counts the sinks in exactly one part: pass false for the others (merge_partials adds parts).
   bool count_sinks = true;
+  // Attention dropout (above); attention(), attention_backward() and attention_weights() apply
+  // it (weights: the dropped, rescaled weights), attention_scores() shows scores before it.
+  Dropout dropout;
 };
 
 inline constexpr int kMaxThreads = 1024;

@@ -24,6 +24,12 @@
 // file owns the walk, the modifiers, the mask, the weights and dS; a pair with non-finite inputs
 // takes the f32 unit's products whatever the call's unit.
 //
+// Dropout (core/dropout.h): the pair's keep bits are regenerated from the seed, never stored.
+// With Z the kept pairs and c = 1/(1 − p'), the forward's O = (c·Z∘P)·V, so dV = (c·Z∘P)ᵀ·dO and
+// ∂L/∂P = c·Z∘(dO·Vᵀ); the softmax's backward then runs on the undropped P as always, with
+// D_i = Σ_e dO_ie·O_ie = Σ_j P_ij·∂L/∂P_ij still (O being the dropped output). So dP is masked and
+// scaled before dS, and P after it, before the products that read it.
+//
 // Hidden pairs: P = 0 there (the mask writes −inf before the exp) and dS is selected to 0, so no
 // gradient flows through them. When a tile holds non-finite inputs (padding garbage), the
 // products also skip zero weights, so that 0·inf cannot turn into NaN.
@@ -41,6 +47,7 @@
 
 #include "core/element.h"
 #include "kernels/convert-inl.h"
+#include "kernels/dropout-inl.h"
 #include "kernels/fused_backward_block.h"
 #include "kernels/fused_block.h"
 #include "kernels/product_unit.h"
@@ -241,6 +248,17 @@ void ScaleRows(float scale, int64_t rows, float* HWY_RESTRICT s) {
   }
 }
 
+// The pair's dropout keep bits by query row (bit j: key j0 + j kept) in sc.keep, from the pairs'
+// global rows: the forward's bits exactly (core/dropout.h defines them per pair, not per tile).
+void DropoutBits(const BackwardContext& c, const BackwardPair& pair, BackwardScratch& sc) {
+  const Problem& p = *c.problem;
+  const auto bh = static_cast<uint32_t>(pair.b * p.q_heads + pair.h);
+  const int64_t q0 = pair.q_first + p.mask->q_origin(), kv = pair.j0 + p.mask->k_origin();
+  for (int64_t i = 0; i < pair.q_count; ++i) {
+    sc.keep[i] = DropoutRowBitsAt(p.dropout, bh, q0 + i, kv);
+  }
+}
+
 // One (query tile, key tile) pair; the key tile is packed in the scratch (the f32 unit's operands,
 // and the unit's own). Its products are the call's unit's, or the f32 unit's for a guarded pair.
 void TilePair(const BackwardContext& c, const BackwardItem& item, const BackwardPair& pair,
@@ -264,9 +282,12 @@ void TilePair(const BackwardContext& c, const BackwardItem& item, const Backward
     ScoresToWeights(c, b, h, q_first, q_count, j0, rows, kind, pair.guarded, sc);
   }
 
-  // dP = dO·Vᵀ, then dS = P∘(dP − D).
+  // dP = dO·Vᵀ (with dropout: c·Z∘dP), then dS = P∘(dP − D) (then P ← c·Z∘P for dV).
   unit.backward_dp(c, pair, sc);
+  if (p.dropout.on) DropoutBits(c, pair, sc);
+  if (p.dropout.on) ApplyDropoutRows(sc.keep, q_count, p.dropout.keep_scale_f32, sc.ds);
   ScoreGradients(c, b, h, q_first, q_count, j0, rows, sc.s, c.delta + row0, sc, sc.ds);
+  if (p.dropout.on) ApplyDropoutRows(sc.keep, q_count, p.dropout.keep_scale_f32, sc.s);
 
   // dV_j += Σ_i P_ij·dO_i   dK_j += Σ_i dS_ij·Q_i   dQ_chunk,i += Σ_j dS_ij·K_j
   unit.backward_accumulate(c, item, pair, sc);
@@ -380,8 +401,9 @@ void BackwardScratch::reserve(int64_t head_dim, int64_t value_dim, int64_t unit_
                            {&row, std::max(d_padded, e_padded)},
                            {&unit_floats, (unit_bytes_ + 3) / 4}});
   unit = unit_floats;
-  bits_.assign(2 * T, 0);
+  bits_.assign(3 * T, 0);
   bits = bits_.data();
+  keep = bits + 2 * T;
 }
 
 }  // namespace maskattn::detail::fused

@@ -88,6 +88,7 @@ struct BackwardScratch {
   float* dv = nullptr;       // [64][dv_width] Σ_i P_ij·dO_i
   float* row = nullptr;      // [max(D, Dv)]
   uint64_t* bits = nullptr;  // [64 + 64] a partial tile's mask, per key then per query
+  uint64_t* keep = nullptr;  // [64] dropout's keep bits of a tile pair, per query
   // The product unit's own operands (ProductUnit::backward_thread_bytes), 64-byte aligned, the
   // arena's last piece: the unit's file carves them (amx.cc: bf16 pairs, transposed accumulators).
   void* unit = nullptr;

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "kernels/convert-inl.h"
+#include "kernels/dropout-inl.h"
 #include "kernels/fused_block.h"
 #include "kernels/product_unit.h"
 #include "kernels/score_chain-inl.h"
@@ -114,16 +115,17 @@ void ApplyMask(const uint64_t* allowed, const ActiveRows& active, float* HWY_RES
 
 #if HWY_TARGET != HWY_SCALAR
 // out[i][e] = o[e][i] / l[i] for a whole block, a vector of queries at a time, scattered into
-// the rows: o·(1/l), exactly the scalar path's rounding. Rows with l = 0 get a factor of 0
-// (Finalize fills them, and poisoned rows, afterwards).
-void NormaliseBlock(int64_t value_dim, const float* HWY_RESTRICT o,
+// the rows: o·(c/l), exactly the scalar path's rounding (c = 1, or dropout's 1/(1 − p')). Rows
+// with l = 0 get a factor of 0 (Finalize fills them, and poisoned rows, afterwards).
+void NormaliseBlock(int64_t value_dim, float keep_scale, const float* HWY_RESTRICT o,
                     const float* HWY_RESTRICT row_sum, float* HWY_RESTRICT out) {
   const DF df;
   const hn::RebindToSigned<DF> di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t i = 0; i < kTileQ; i += N) {
     const VF l = hn::LoadU(df, row_sum + i);
-    const VF inverse = hn::IfThenZeroElse(hn::Eq(l, hn::Zero(df)), hn::Div(hn::Set(df, 1.0f), l));
+    const VF inverse =
+        hn::IfThenZeroElse(hn::Eq(l, hn::Zero(df)), hn::Div(hn::Set(df, keep_scale), l));
     const auto rows = hn::Mul(hn::Iota(di, static_cast<int32_t>(i)),
                               hn::Set(di, static_cast<int32_t>(value_dim)));
     for (int64_t e = 0; e < value_dim; ++e) {
@@ -133,12 +135,14 @@ void NormaliseBlock(int64_t value_dim, const float* HWY_RESTRICT o,
 }
 #endif
 
-// out[i][e] = o[e][i] / l[i], or the fill EndOfRow gives (softmax-inl.h); and the LSE.
-void Finalize(int64_t q_count, int64_t value_dim, const float* o, const float* row_max,
-              const float* row_sum, const float* poisoned, float* out, float* lse) {
+// out[i][e] = o[e][i]·c / l[i] (c: dropout's keep scale, else 1), or the fill EndOfRow gives
+// (softmax-inl.h); and the LSE (the undropped one: dropout does not touch l).
+void Finalize(int64_t q_count, int64_t value_dim, float keep_scale, const float* o,
+              const float* row_max, const float* row_sum, const float* poisoned, float* out,
+              float* lse) {
 #if HWY_TARGET != HWY_SCALAR
   const bool whole_block = q_count == kTileQ;
-  if (whole_block) NormaliseBlock(value_dim, o, row_sum, out);
+  if (whole_block) NormaliseBlock(value_dim, keep_scale, o, row_sum, out);
 #else
   const bool whole_block = false;
 #endif
@@ -148,7 +152,7 @@ void Finalize(int64_t q_count, int64_t value_dim, const float* o, const float* r
     if (!end.normalise) {
       std::fill(row, row + value_dim, end.fill);
     } else if (!whole_block) {
-      const float inverse = 1.0f / row_sum[i];
+      const float inverse = keep_scale / row_sum[i];
       for (int64_t e = 0; e < value_dim; ++e) row[e] = o[e * kTileQ + i] * inverse;
     }
     lse[i] = end.lse;
@@ -200,7 +204,8 @@ void TileScoreMods(const Context& c, const Block& blk, int64_t j0, int64_t rows,
 
 bool FusedPath(const Context& c, const Block& blk, int64_t k_tile, Scratch& scratch) {
   const Problem& p = *c.problem;
-  if (c.unit->raw_scores == nullptr || c.score_mods || !(p.scale > 0 && p.scale <= 1)) {
+  if (c.unit->raw_scores == nullptr || c.score_mods || p.dropout.on ||
+      !(p.scale > 0 && p.scale <= 1)) {
     return false;
   }
   const int64_t j0 = k_tile * kTileK;
@@ -221,6 +226,18 @@ void FusedScoresAndWeights(const Context& c, const Block& blk, int64_t k_tile, T
     ApplyMask(scratch.allowed, AllRows(rows), scratch.s);
   }
   c.unit->raw_softmax_step(c, rows, scratch);
+}
+
+// Attention dropout on the tile's weights Pᵀ[j][i] (after the softmax step, whose l counts every
+// weight: dropout acts on the normalised weights): dropped pairs get 0, so P·V skips them; the
+// kept ones are scaled by 1/(1 − p') once, in Finalize. Bits from the pairs' global rows.
+void DropTileWeights(const Context& c, const Block& blk, int64_t j0, int64_t rows,
+                     Scratch& scratch) {
+  const Problem& p = *c.problem;
+  const auto bh = static_cast<uint32_t>(blk.b * p.q_heads + blk.h);
+  DropoutColumnBitsAt(p.dropout, bh, blk.q_first + p.mask->q_origin(), blk.q_count,
+                      j0 + p.mask->k_origin(), scratch.keep);
+  ApplyDropoutRows(scratch.keep, rows, 1.0f, scratch.s);
 }
 
 // One key tile of a block: scores, modifiers, mask, one online-softmax step, O += P·V. A partial
@@ -253,6 +270,7 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
   SoftmaxStepColumns<kTileQ>(scratch.s, rows, scratch.row_max, scratch.row_sum, scratch.alpha,
                              scratch.poisoned, active != nullptr ? active->first : nullptr,
                              active != nullptr ? active->end : nullptr, kLaneBlock);
+  if (p.dropout.on) DropTileWeights(c, blk, j0, rows, scratch);
   const bool finite = ValueTileFinite(c, blk.b, g, k_tile, j0, rows, scratch.v);
   TileOutput(c, blk, g, j0, rows, finite, active, scratch);
 }
@@ -282,8 +300,17 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
   }
   if (pending >= 0) unit.accumulate_weights(c, blk, pending, scratch);
   if (unit.end_block != nullptr) unit.end_block();
-  Finalize(blk.q_count, p.value_dim, scratch.o, scratch.row_max, scratch.row_sum, scratch.poisoned,
-           scratch.out, scratch.lse);
+  Finalize(blk.q_count, p.value_dim, p.dropout.keep_scale_f32, scratch.o, scratch.row_max,
+           scratch.row_sum, scratch.poisoned, scratch.out, scratch.lse);
+}
+
+uint64_t DropoutRowBitsForTest(const DropoutRule& rule, uint32_t bh, int64_t q, int64_t kv) {
+  return DropoutRowBitsAt(rule, bh, q, kv);
+}
+
+void DropoutColumnBitsForTest(const DropoutRule& rule, uint32_t bh, int64_t q0, int64_t q_count,
+                              int64_t kv, uint64_t* keep) {
+  DropoutColumnBitsAt(rule, bh, q0, q_count, kv, keep);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -294,6 +321,17 @@ HWY_AFTER_NAMESPACE();
 namespace maskattn::detail::fused {
 
 HWY_EXPORT(AttendBlock);
+HWY_EXPORT(DropoutRowBitsForTest);
+HWY_EXPORT(DropoutColumnBitsForTest);
+
+uint64_t dropout_row_bits(const DropoutRule& rule, uint32_t bh, int64_t q, int64_t kv) {
+  return HWY_DYNAMIC_DISPATCH(DropoutRowBitsForTest)(rule, bh, q, kv);
+}
+
+void dropout_column_bits(const DropoutRule& rule, uint32_t bh, int64_t q0, int64_t q_count,
+                         int64_t kv, uint64_t* keep) {
+  HWY_DYNAMIC_DISPATCH(DropoutColumnBitsForTest)(rule, bh, q0, q_count, kv, keep);
+}
 HWY_EXPORT(ExpNonPositiveArray);
 
 void exp_non_positive(const float* in, int64_t count, float* out) {
@@ -347,8 +385,9 @@ void Scratch::reserve(int64_t head_dim, int64_t value_dim, int64_t unit_bytes) {
                            {&poisoned, kTileQ},
                            {&unit_floats, (unit_bytes_ + 3) / 4}});
   unit = unit_floats;
-  bits_.assign(kTileQ + kTileK, 0);
+  bits_.assign(kTileQ + kTileK + 2 * kTileK, 0);
   allowed = bits_.data();
+  keep = allowed + kTileQ + kTileK;
 }
 
 }  // namespace maskattn::detail::fused

@@ -39,6 +39,7 @@ struct Scratch {
   float* out = nullptr;         // [kTileQ][Dv]      normalised output rows of the block
   float* lse = nullptr;         // [kTileQ]
   uint64_t* allowed = nullptr;  // [kTileQ + kTileK] bit rows of a partial tile
+  uint64_t* keep = nullptr;     // [2·kTileK] dropout's keep bits of a tile (and the next group)
   // The product unit's own operands (ProductUnit::thread_bytes), 64-byte aligned, the arena's last
   // piece: the unit's file carves them (bf16 query and weight pairs, a bf16 key tail, …).
   void* unit = nullptr;
@@ -91,6 +92,13 @@ void store_row(const MutableTensorView& t, int64_t offset, int64_t stride, const
 // The softmax's exp for arguments x ≤ 0 or −inf, as the kernels compute it (count a multiple of
 // kTileQ). For tests of its accuracy.
 void exp_non_positive(const float* in, int64_t count, float* out);
+
+// Dropout's keep bits as the kernels make them (kernels/dropout-inl.h), for tests of their
+// agreement with core/dropout.h: bit j of the result is pair (q, kv + j); keep[j] bit i is pair
+// (q0 + i, kv + j), j < 64, i < q_count ≤ 64; `keep` has room for 128 words.
+uint64_t dropout_row_bits(const DropoutRule& rule, uint32_t bh, int64_t q, int64_t kv);
+void dropout_column_bits(const DropoutRule& rule, uint32_t bh, int64_t q0, int64_t q_count,
+                         int64_t kv, uint64_t* keep);
 
 // Tile kernel (queries across SIMD lanes): results in scratch.out [q_count][Dv] (normalised, 0 for
 // rows without keys) and scratch.lse [q_count].

@@ -41,6 +41,7 @@
 #include <type_traits>
 
 #include "kernels/convert-inl.h"
+#include "kernels/dropout-inl.h"
 #include "kernels/fused_block.h"
 #include "kernels/score_chain.h"
 #include "kernels/softmax-inl.h"
@@ -314,6 +315,12 @@ void AttendRows(const Context& c, int64_t b, const Row* rows, int64_t row_count,
       RowScores(c, b, rows[r], r, kinds[r], k, j0, count, scratch);
       const float alpha = SoftmaxStepRow<kTileK>(scratch.s + r * kTileK, scratch.row_max[r],
                                                  scratch.row_sum[r], scratch.poisoned[r]);
+      if (p.dropout.on) {  // dropped pairs get weight 0 (P·V skips them); 1/(1 − p') at the end
+        const uint64_t keep =
+            DropoutRowBitsAt(p.dropout, static_cast<uint32_t>(b * p.q_heads + rows[r].h),
+                             rows[r].i + p.mask->q_origin(), j0 + p.mask->k_origin());
+        ApplyDropoutRows(&keep, 1, 1.0f, scratch.s + r * kTileK);
+      }
       if (alpha != 1.0f) {
         float* out = scratch.out + r * p.value_dim;
         for (int64_t e = 0; e < p.value_dim; ++e) out[e] *= alpha;
@@ -330,7 +337,10 @@ void AttendRows(const Context& c, int64_t b, const Row* rows, int64_t row_count,
   for (int64_t r = 0; r < row_count; ++r) {
     const RowEnd end = EndOfRow(scratch.row_max[r], scratch.row_sum[r], scratch.poisoned[r]);
     float* out = scratch.out + r * p.value_dim;
-    if (end.normalise) {
+    if (end.normalise && p.dropout.on) {
+      const float factor = p.dropout.keep_scale_f32 / scratch.row_sum[r];
+      for (int64_t e = 0; e < p.value_dim; ++e) out[e] *= factor;
+    } else if (end.normalise) {
       for (int64_t e = 0; e < p.value_dim; ++e) out[e] /= scratch.row_sum[r];
     } else {
       std::fill(out, out + p.value_dim, end.fill);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "core/dropout.h"
 #include "mask/resolved_mask.h"
 #include "mask/resolved_mods.h"
 #include "maskattn/attention.h"
@@ -23,6 +24,8 @@ struct Problem {
   // The product unit asked for (MASKATTN_PRODUCTS applied, checked against the CPU); the kernel
   // picks the unit per call with maskattn::tile_products (cpu.h).
   Products products = Products::automatic;
+  // Attention dropout (core/dropout.h), resolved against the whole problem; off by default.
+  DropoutRule dropout;
 
   // GQA/MQA: query heads [g·r, (g+1)·r) share kv head g, r = Hq / Hkv.
   int64_t kv_head(int64_t h) const { return h / (q_heads / kv_heads); }

@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/dropout.h"
 #include "core/element.h"
 #include "core/store_f32.h"
 #include "kernels/score_chain.h"
@@ -51,10 +52,12 @@ struct RowScratch {
         k_row(p.head_dim),
         scores(p.k_len),
         weights(p.k_len),
+        dropout(p.dropout.on ? p.k_len : 0),
         out_row(p.value_dim) {}
   std::vector<double> q_row, k_row;  // [D]
   std::vector<double> scores;        // [Lk]
   std::vector<double> weights;       // [Lk]
+  std::vector<double> dropout;       // [Lk] with dropout: 0 dropped, 1/(1 − p') kept
   std::vector<double> out_row;       // [Dv]
 };
 
@@ -125,6 +128,27 @@ void row_scores(const Problem& p, int64_t b, int64_t h, int64_t i, ScoreStage st
   }
 }
 
+// With dropout, scratch.dropout[j] = the factor pair (b, h, i, j) multiplies its weight by
+// (core/dropout.h's definition, at the pair's global rows); nothing without dropout.
+void row_dropout(const Problem& p, int64_t b, int64_t h, int64_t i, RowScratch& scratch) {
+  if (!p.dropout.on) return;
+  const int64_t q = i + p.mask->q_origin(), k0 = p.mask->k_origin();
+  for (int64_t j = 0; j < p.k_len; ++j) {
+    scratch.dropout[j] = dropout_keeps(p.dropout, b, h, q, j + k0) ? p.dropout.keep_scale : 0.0;
+  }
+}
+
+// Whether dropout drops pair j of the row: its value is then not read. Not in a NaN row, which
+// stays NaN whatever is dropped (as in the fused kernels).
+bool dropped(const Problem& p, const RowScratch& scratch, int64_t j) {
+  return p.dropout.on && scratch.dropout[j] == 0.0 && !std::isnan(scratch.weights[j]);
+}
+
+// The weight pair j contributes to the output: P_ij, times its dropout factor.
+double output_weight(const Problem& p, const RowScratch& scratch, int64_t j) {
+  return p.dropout.on ? scratch.weights[j] * scratch.dropout[j] : scratch.weights[j];
+}
+
 // weights = softmax(scores) with the sink logit (if any) in the denominator; returns the LSE.
 // A row whose every score is −inf (and no sink) gets weights 0 and LSE −inf: the fully-hidden
 // rule, never (−inf) − (−inf) = NaN. A NaN score makes the row's allowed weights, its output and
@@ -163,13 +187,14 @@ void forward(const Problem& p, const MutableTensorView& out, const MutableTensor
   for_each_row(p, [&](int64_t b, int64_t h, int64_t i, RowScratch& scratch) {
     row_scores(p, b, h, i, ScoreStage::final, scratch);
     const double row_lse = row_softmax(p, h, scratch);
+    row_dropout(p, b, h, i, scratch);
     // O = Σ_j P_ij·V_j over allowed keys only: values at hidden positions are never read, so
-    // garbage or NaN in padded slots cannot leak into the result.
+    // garbage or NaN in padded slots cannot leak into the result; nor are dropped pairs' values.
     std::fill(scratch.out_row.begin(), scratch.out_row.end(), 0.0);
     const int64_t kv_h = p.kv_head(h);
     for (int64_t j = 0; j < p.k_len; ++j) {
-      if (scratch.scores[j] == kNegInf) continue;
-      const double weight = scratch.weights[j];
+      if (scratch.scores[j] == kNegInf || dropped(p, scratch, j)) continue;
+      const double weight = output_weight(p, scratch, j);
       const int64_t v_offset = p.v.offset({b, kv_h, j, 0});
       for (int64_t d = 0; d < p.value_dim; ++d) {
         scratch.out_row[d] += weight * element(p.v, v_offset + d * p.v.stride(3));
@@ -187,14 +212,16 @@ void forward_f64(const Problem& p, double* out) {
   for_each_row(p, [&](int64_t b, int64_t h, int64_t i, RowScratch& scratch) {
     row_scores(p, b, h, i, ScoreStage::final, scratch);
     row_softmax(p, h, scratch);
+    row_dropout(p, b, h, i, scratch);
     double* row = out + ((b * p.q_heads + h) * p.q_len + i) * p.value_dim;
     std::fill(row, row + p.value_dim, 0.0);
     const int64_t kv_h = p.kv_head(h);
     for (int64_t j = 0; j < p.k_len; ++j) {
-      if (scratch.scores[j] == kNegInf) continue;
+      if (scratch.scores[j] == kNegInf || dropped(p, scratch, j)) continue;
+      const double weight = output_weight(p, scratch, j);
       const int64_t v_offset = p.v.offset({b, kv_h, j, 0});
       for (int64_t d = 0; d < p.value_dim; ++d) {
-        row[d] += scratch.weights[j] * element(p.v, v_offset + d * p.v.stride(3));
+        row[d] += weight * element(p.v, v_offset + d * p.v.stride(3));
       }
     }
   });
@@ -238,75 +265,88 @@ double through_program(const Problem& p, int64_t b, int64_t h, int64_t i, int64_
   return dS * slope;
 }
 
+// One query row (b, h, i) of the backward: recomputes its forward, adds its terms to the kv
+// head's dK and dV (f64, in scratch), and stores dQ_i.
+void backward_row(const Problem& p, const TensorView& dout, const Gradients& grads, int64_t b,
+                  int64_t h, int64_t i, BackwardScratch& scratch, double* dbias, double* dsinks,
+                  double* const* dtables) {
+  const ResolvedMods& mods = *p.mods;
+  const int64_t g = p.kv_head(h);
+  RowScratch& row = scratch.row;
+  // Forward, recomputed: s0 (scaled), s (final, −inf when hidden), P, the dropout factors, O_i.
+  row_scores(p, b, h, i, ScoreStage::scaled, row);
+  std::copy(row.scores.begin(), row.scores.end(), scratch.s0.begin());
+  for (int64_t j = 0; j < p.k_len; ++j) {
+    row.scores[j] =
+        p.mask->allowed(b, h, i, j) ? modified_score(p, b, h, i, j, scratch.s0[j]) : kNegInf;
+  }
+  const double lse = row_softmax(p, h, row);
+  row_dropout(p, b, h, i, row);
+  std::fill(scratch.dq_row.begin(), scratch.dq_row.end(), 0.0);
+  const bool has_keys =
+      std::any_of(row.scores.begin(), row.scores.end(), [](double s) { return s != kNegInf; });
+  if (has_keys) {
+    load_row(dout, dout.offset({b, h, i, 0}), dout.stride(3), p.value_dim, scratch.dout_row.data());
+    std::fill(scratch.o_row.begin(), scratch.o_row.end(), 0.0);
+    for (int64_t j = 0; j < p.k_len; ++j) {
+      if (row.scores[j] == kNegInf || dropped(p, row, j)) continue;
+      const double weight = output_weight(p, row, j);
+      load_row(p.v, p.v.offset({b, g, j, 0}), p.v.stride(3), p.value_dim, row.out_row.data());
+      for (int64_t e = 0; e < p.value_dim; ++e) scratch.o_row[e] += weight * row.out_row[e];
+    }
+    // D_i = Σ_e dO_ie·O_ie = Σ_j P_ij·dP_ij: the softmax Jacobian's rank-one term (O and dP both
+    // with the dropout factors Z_ij/(1 − p'), so the identity holds under dropout too).
+    double D = 0.0;
+    for (int64_t e = 0; e < p.value_dim; ++e) D += scratch.dout_row[e] * scratch.o_row[e];
+    load_row(p.q, p.q.offset({b, h, i, 0}), p.q.stride(3), p.head_dim, row.q_row.data());
+    for (int64_t j = 0; j < p.k_len; ++j) {
+      if (row.scores[j] == kNegInf) continue;  // hidden: no gradient flows
+      const double P = row.weights[j];
+      const double factor = p.dropout.on ? row.dropout[j] : 1.0;
+      const bool read_value = !dropped(p, row, j);  // a dropped pair's value is not read
+      if (read_value) {
+        load_row(p.v, p.v.offset({b, g, j, 0}), p.v.stride(3), p.value_dim, row.out_row.data());
+      }
+      double dP = 0.0;  // dP_ij = factor·dO_i·V_j
+      for (int64_t e = 0; e < p.value_dim && read_value; ++e) {
+        dP += scratch.dout_row[e] * row.out_row[e];
+        scratch.dv[j * p.value_dim + e] += P * factor * scratch.dout_row[e];  // dV_j += P'_ij·dO_i
+      }
+      dP *= factor;
+      double dS = P * (dP - D);  // ∂L/∂s_ij, s the final score (softmax backward)
+      if (mods.program != nullptr) dS = through_program(p, b, h, i, j, scratch.s0[j], dS, dtables);
+      if (dbias != nullptr) dbias[mods.bias_offset(b, h, i, j)] += dS;
+      if (mods.softcap) {  // s = cap·tanh(s0/cap)  ⇒  ∂s/∂s0 = 1 − tanh²(s0/cap)
+        const double t = std::tanh(scratch.s0[j] / *mods.softcap);
+        dS *= 1.0 - t * t;
+      }
+      load_row(p.k, p.k.offset({b, g, j, 0}), p.k.stride(3), p.head_dim, row.k_row.data());
+      for (int64_t d = 0; d < p.head_dim; ++d) {
+        scratch.dq_row[d] += p.scale * dS * row.k_row[d];               // dQ_i += scale·dS·K_j
+        scratch.dk[j * p.head_dim + d] += p.scale * dS * row.q_row[d];  // dK_j += scale·dS·Q_i
+      }
+    }
+    // A sink is a logit σ_h in the denominator with no value: ∂L/∂σ_h = −Σ_i P_i,sink·D_i.
+    if (dsinks != nullptr && mods.sinks != nullptr) {
+      dsinks[h] -= std::exp(static_cast<double>(mods.sinks[h]) - lse) * D;
+    }
+  }
+  const int64_t dq_offset = grads.dq.offset({b, h, i, 0});
+  for (int64_t d = 0; d < p.head_dim; ++d) {
+    store(grads.dq, dq_offset + d * grads.dq.stride(3), scratch.dq_row[d]);
+  }
+}
+
+// One (b, kv head g): the rows of every query head sharing it, in order, then its dK and dV.
 void backward_kv_head(const Problem& p, const TensorView& dout, const Gradients& grads, int64_t b,
                       int64_t g, BackwardScratch& scratch, double* dbias, double* dsinks,
                       double* const* dtables) {
-  const ResolvedMods& mods = *p.mods;
-  RowScratch& row = scratch.row;
   std::fill(scratch.dk.begin(), scratch.dk.end(), 0.0);
   std::fill(scratch.dv.begin(), scratch.dv.end(), 0.0);
   const int64_t group = p.q_heads / p.kv_heads;
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
     for (int64_t i = 0; i < p.q_len; ++i) {
-      // Forward, recomputed: s0 (scaled), s (final, −inf when hidden), P, O_i.
-      row_scores(p, b, h, i, ScoreStage::scaled, row);
-      std::copy(row.scores.begin(), row.scores.end(), scratch.s0.begin());
-      for (int64_t j = 0; j < p.k_len; ++j) {
-        row.scores[j] =
-            p.mask->allowed(b, h, i, j) ? modified_score(p, b, h, i, j, scratch.s0[j]) : kNegInf;
-      }
-      const double lse = row_softmax(p, h, row);
-      std::fill(scratch.dq_row.begin(), scratch.dq_row.end(), 0.0);
-      const bool has_keys =
-          std::any_of(row.scores.begin(), row.scores.end(), [](double s) { return s != kNegInf; });
-      if (has_keys) {
-        load_row(dout, dout.offset({b, h, i, 0}), dout.stride(3), p.value_dim,
-                 scratch.dout_row.data());
-        std::fill(scratch.o_row.begin(), scratch.o_row.end(), 0.0);
-        for (int64_t j = 0; j < p.k_len; ++j) {
-          if (row.scores[j] == kNegInf) continue;
-          load_row(p.v, p.v.offset({b, g, j, 0}), p.v.stride(3), p.value_dim, row.out_row.data());
-          for (int64_t e = 0; e < p.value_dim; ++e) {
-            scratch.o_row[e] += row.weights[j] * row.out_row[e];
-          }
-        }
-        // D_i = Σ_e dO_ie·O_ie = Σ_j P_ij·dP_ij: the softmax Jacobian's rank-one term.
-        double D = 0.0;
-        for (int64_t e = 0; e < p.value_dim; ++e) D += scratch.dout_row[e] * scratch.o_row[e];
-        load_row(p.q, p.q.offset({b, h, i, 0}), p.q.stride(3), p.head_dim, row.q_row.data());
-        for (int64_t j = 0; j < p.k_len; ++j) {
-          if (row.scores[j] == kNegInf) continue;  // hidden: no gradient flows
-          const double P = row.weights[j];
-          load_row(p.v, p.v.offset({b, g, j, 0}), p.v.stride(3), p.value_dim, row.out_row.data());
-          double dP = 0.0;  // dP_ij = dO_i·V_j
-          for (int64_t e = 0; e < p.value_dim; ++e) {
-            dP += scratch.dout_row[e] * row.out_row[e];
-            scratch.dv[j * p.value_dim + e] += P * scratch.dout_row[e];  // dV_j += P_ij·dO_i
-          }
-          double dS = P * (dP - D);  // ∂L/∂s_ij, s the final score (softmax backward)
-          if (mods.program != nullptr) {
-            dS = through_program(p, b, h, i, j, scratch.s0[j], dS, dtables);
-          }
-          if (dbias != nullptr) dbias[mods.bias_offset(b, h, i, j)] += dS;
-          if (mods.softcap) {  // s = cap·tanh(s0/cap)  ⇒  ∂s/∂s0 = 1 − tanh²(s0/cap)
-            const double t = std::tanh(scratch.s0[j] / *mods.softcap);
-            dS *= 1.0 - t * t;
-          }
-          load_row(p.k, p.k.offset({b, g, j, 0}), p.k.stride(3), p.head_dim, row.k_row.data());
-          for (int64_t d = 0; d < p.head_dim; ++d) {
-            scratch.dq_row[d] += p.scale * dS * row.k_row[d];  // dQ_i += scale·dS·K_j
-            scratch.dk[j * p.head_dim + d] += p.scale * dS * row.q_row[d];  // dK_j += scale·dS·Q_i
-          }
-        }
-        // A sink is a logit σ_h in the denominator with no value: ∂L/∂σ_h = −Σ_i P_i,sink·D_i.
-        if (dsinks != nullptr && mods.sinks != nullptr) {
-          dsinks[h] -= std::exp(static_cast<double>(mods.sinks[h]) - lse) * D;
-        }
-      }
-      const int64_t dq_offset = grads.dq.offset({b, h, i, 0});
-      for (int64_t d = 0; d < p.head_dim; ++d) {
-        store(grads.dq, dq_offset + d * grads.dq.stride(3), scratch.dq_row[d]);
-      }
+      backward_row(p, dout, grads, b, h, i, scratch, dbias, dsinks, dtables);
     }
   }
   for (int64_t j = 0; j < p.k_len; ++j) {
@@ -398,9 +438,10 @@ void weights(const Problem& p, const MutableTensorView& weights) {
   for_each_row(p, [&](int64_t b, int64_t h, int64_t i, RowScratch& scratch) {
     row_scores(p, b, h, i, ScoreStage::final, scratch);
     row_softmax(p, h, scratch);
+    row_dropout(p, b, h, i, scratch);
     const int64_t offset = weights.offset({b, h, i, 0});
     for (int64_t j = 0; j < p.k_len; ++j) {
-      store(weights, offset + j * weights.stride(3), scratch.weights[j]);
+      store(weights, offset + j * weights.stride(3), output_weight(p, scratch, j));
     }
   });
 }

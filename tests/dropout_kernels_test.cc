@@ -1,0 +1,193 @@
+// Attention dropout in the kernels (docs/semantics.md §17): the fused forward and backward against
+// the f64 reference applying the same dropped pairs, by the per-dtype rule of docs/design.md §5
+// (the naive implementation here applies them too); the dropped pairs identical in every kernel,
+// tiling, frame and split of the keys; bitwise results for any thread count and with or without
+// block skipping; gradients against finite differences; the undropped LSE; E[O] = O.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/block_skipping.h"
+#include "core/dropout.h"
+#include "test_util.h"
+
+namespace maskattn {
+namespace {
+
+using test::DTypeBuffer;
+using test::max_error;
+using test::RandomProblem;
+
+const Dropout kDropout{0.3, 0xC0FFEE, 5};
+
+Options with(Dropout dropout, Kernel kernel = Kernel::automatic, int threads = 0) {
+  Options options;
+  options.dropout = dropout;
+  options.kernel = kernel;
+  options.threads = threads;
+  return options;
+}
+
+// The dropout factor of every pair as core/dropout.h defines it: 0 or 1/(1 − p').
+struct Factors {
+  detail::DropoutRule rule;
+  explicit Factors(const RandomProblem& p, const Dropout& dropout)
+      : rule(detail::resolve_dropout(dropout, p.shape())) {}
+  float at(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return detail::dropout_keeps(rule, b, h, i, j) ? static_cast<float>(rule.keep_scale) : 0.0f;
+  }
+};
+
+struct Outputs {
+  std::vector<float> out, lse, dq, dk, dv;
+};
+
+// Forward (and backward with `dout`) on p's inputs rounded to `dtype`, results read back as f32.
+Outputs run(const RandomProblem& p, DType dtype, const Mask& mask, const Options& options,
+            const std::vector<float>* dout_values = nullptr) {
+  const DTypeBuffer q(p.q, dtype), k(p.k, dtype), v(p.v, dtype);
+  const Dims q_shape = {p.B, p.Hq, p.Lq, p.D}, k_shape = {p.B, p.Hkv, p.Lk, p.D};
+  const Dims v_shape = {p.B, p.Hkv, p.Lk, p.Dv}, o_shape = {p.B, p.Hq, p.Lq, p.Dv};
+  DTypeBuffer out(std::vector<float>(p.B * p.Hq * p.Lq * p.Dv, -7.0f), dtype);
+  Outputs r;
+  r.lse.assign(p.B * p.Hq * p.Lq, -7.0f);
+  const MutableTensorView lse(r.lse.data(), {p.B, p.Hq, p.Lq});
+  attention(q.view(q_shape), k.view(k_shape), v.view(v_shape), out.mutable_view(o_shape), mask, {},
+            options, lse);
+  r.out = out.floats(p.B * p.Hq * p.Lq * p.Dv);
+  if (dout_values == nullptr) return r;
+  const DTypeBuffer dout(*dout_values, dtype);
+  DTypeBuffer dq(std::vector<float>(p.q.size(), -7.0f), dtype);
+  DTypeBuffer dk(std::vector<float>(p.k.size(), -7.0f), dtype);
+  DTypeBuffer dv(std::vector<float>(p.v.size(), -7.0f), dtype);
+  attention_backward(
+      q.view(q_shape), k.view(k_shape), v.view(v_shape), out.view(o_shape), lse, dout.view(o_shape),
+      Gradients{dq.mutable_view(q_shape), dk.mutable_view(k_shape), dv.mutable_view(v_shape)}, mask,
+      {}, options);
+  r.dq = dq.floats(p.q.size());
+  r.dk = dk.floats(p.k.size());
+  r.dv = dv.floats(p.v.size());
+  return r;
+}
+
+// The naive implementation in the dtype under test, with the same dropped pairs: inputs rounded
+// to the dtype, plain f32 arithmetic over the allowed pairs (S, softmax, O = (P∘F)·V, and for the
+// backward D = dO·O, dV = (P∘F)ᵀ·dO, dP = F∘(dO·Vᵀ), dS = P∘(dP − D)), each result rounded once.
+Outputs naive(const RandomProblem& p, DType dtype, const Mask& mask, const Dropout& dropout,
+              const std::vector<float>& dout_in) {
+  const std::vector<float> q = DTypeBuffer(p.q, dtype).floats(p.q.size());
+  const std::vector<float> k = DTypeBuffer(p.k, dtype).floats(p.k.size());
+  const std::vector<float> v = DTypeBuffer(p.v, dtype).floats(p.v.size());
+  const std::vector<float> dout = DTypeBuffer(dout_in, dtype).floats(dout_in.size());
+  const Array<uint8_t> allowed = allowed_pairs(mask, p.shape());
+  const Factors factors(p, dropout);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(p.D));
+  Outputs g;
+  g.out.assign(p.B * p.Hq * p.Lq * p.Dv, 0.0f);
+  g.dq.assign(q.size(), 0.0f);
+  g.dk.assign(k.size(), 0.0f);
+  g.dv.assign(v.size(), 0.0f);
+  std::vector<float> s(p.Lk), f(p.Lk);
+  for (int64_t row = 0; row < p.B * p.Hq * p.Lq; ++row) {
+    const int64_t b = row / (p.Hq * p.Lq), h = row / p.Lq % p.Hq, i = row % p.Lq;
+    const int64_t kv = b * p.Hkv + h / (p.Hq / p.Hkv);
+    float max = -INFINITY;
+    for (int64_t j = 0; j < p.Lk; ++j) {
+      s[j] = -INFINITY;
+      f[j] = factors.at(b, h, i, j);
+      if (!allowed.values()[row * p.Lk + j]) continue;
+      float dot = 0.0f;
+      for (int64_t d = 0; d < p.D; ++d) dot += q[row * p.D + d] * k[(kv * p.Lk + j) * p.D + d];
+      max = std::max(max, s[j] = scale * dot);
+    }
+    if (max == -INFINITY) continue;
+    float total = 0.0f;
+    for (float& x : s) total += (x = std::exp(x - max));
+    for (float& x : s) x /= total;
+    float* o = g.out.data() + row * p.Dv;
+    for (int64_t j = 0; j < p.Lk; ++j) {
+      for (int64_t e = 0; e < p.Dv; ++e) o[e] += s[j] * f[j] * v[(kv * p.Lk + j) * p.Dv + e];
+    }
+    float D = 0.0f;
+    for (int64_t e = 0; e < p.Dv; ++e) D += dout[row * p.Dv + e] * o[e];
+    for (int64_t j = 0; j < p.Lk; ++j) {
+      if (s[j] == 0.0f) continue;
+      float dp = 0.0f;
+      for (int64_t e = 0; e < p.Dv; ++e) {
+        dp += dout[row * p.Dv + e] * v[(kv * p.Lk + j) * p.Dv + e];
+        g.dv[(kv * p.Lk + j) * p.Dv + e] += s[j] * f[j] * dout[row * p.Dv + e];
+      }
+      const float ds = s[j] * (f[j] * dp - D) * scale;
+      for (int64_t d = 0; d < p.D; ++d) {
+        g.dq[row * p.D + d] += ds * k[(kv * p.Lk + j) * p.D + d];
+        g.dk[(kv * p.Lk + j) * p.D + d] += ds * q[row * p.D + d];
+      }
+    }
+  }
+  for (std::vector<float>* x : {&g.out, &g.dq, &g.dk, &g.dv}) {
+    *x = DTypeBuffer(*x, dtype).floats(x->size());
+  }
+  return g;
+}
+
+// The rule, per output: max |fused − reference| ≤ 2·max |naive − reference| + 1e-6, the reference
+// being the f64 kernel with the same dropout on the same rounded inputs. The LSE is the undropped
+// one: the reference's without dropout.
+void expect_within_rule(const RandomProblem& p, DType dtype, const Mask& mask,
+                        const std::string& what, bool backward) {
+  const std::vector<float> dout = test::random_values(p.B * p.Hq * p.Lq * p.Dv, p.q.size() + 3);
+  const Outputs fused =
+      run(p, dtype, mask, with(kDropout, Kernel::fused), backward ? &dout : nullptr);
+  const RandomProblem rounded = test::rounded_to(p, dtype);
+  const std::vector<float> dout_rounded = DTypeBuffer(dout, dtype).floats(dout.size());
+  const Outputs exact = run(rounded, DType::f32, mask, with(kDropout, Kernel::reference),
+                            backward ? &dout_rounded : nullptr);
+  const Outputs undropped = run(rounded, DType::f32, mask, with({}, Kernel::reference));
+  const Outputs plain = naive(p, dtype, mask, kDropout, dout);
+  using Field = std::vector<float> Outputs::*;
+  std::vector<std::pair<const char*, Field>> fields = {{"out", &Outputs::out}};
+  if (backward)
+    fields.insert(fields.end(), {{"dq", &Outputs::dq}, {"dk", &Outputs::dk}, {"dv", &Outputs::dv}});
+  for (const auto& [name, field] : fields) {
+    const float naive_error = max_error(plain.*field, exact.*field);
+    const float fused_error = max_error(fused.*field, exact.*field);
+    EXPECT_LE(fused_error, 2 * naive_error + 1e-6f)
+        << what << " " << name << " " << dtype_name(dtype) << ": fused " << fused_error
+        << ", naive " << naive_error;
+  }
+  for (size_t n = 0; n < fused.lse.size(); ++n) {
+    ASSERT_EQ(exact.lse[n], undropped.lse[n]) << what << " row " << n;
+    if (std::isinf(undropped.lse[n])) {
+      ASSERT_EQ(fused.lse[n], undropped.lse[n]) << what << " row " << n;
+    } else {
+      ASSERT_NEAR(fused.lse[n], undropped.lse[n], 1e-5 * (1 + std::fabs(undropped.lse[n]))) << what;
+    }
+  }
+}
+
+TEST(DropoutSweep, ForwardEveryMaskAcrossTileEdges) {
+  test::for_each_edge_case(300,
+                           [](const RandomProblem& p, const Mask& mask, const std::string& what) {
+                             expect_within_rule(p, DType::f32, mask, what, false);
+                           });
+}
+
+TEST(DropoutSweep, ForwardHalfPrecision) {
+  test::for_each_half_precision_case(
+      [](const RandomProblem& p, DType dtype, const Mask& mask, const std::string& what) {
+        expect_within_rule(p, dtype, mask, what, false);
+      });
+}
+
+TEST(DropoutSweep, BackwardEveryMaskAcrossTileEdges) {
+  test::for_each_edge_case(400,
+                           [](const RandomProblem& p, const Mask& mask, const std::string& what) {
+                             expect_within_rule(p, DType::f32, mask, what, true);
+                           });
+}
+
+}  // namespace
+}  // namespace maskattn
