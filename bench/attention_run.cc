@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
   app.add_option("--pass", pass, "forward | backward")
       ->check(CLI::IsMember({"forward", "backward"}));
   app.add_option("--repeat", repeat)->check(CLI::Range(1, 1000));
+  double dropout = 0.0;
+  app.add_option("--dropout", dropout, "attention dropout probability (seed 1)")
+      ->check(CLI::Range(0.0, 1.0));
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -43,6 +46,7 @@ int main(int argc, char** argv) {
     Options options;
     options.threads = threads;
     options.kernel = parse_kernel(kernel, "--kernel");
+    options.dropout = Dropout{dropout, 1, 0};
     const auto run = [&] {
       if (pass == "backward") {
         tensors.run_backward(options);

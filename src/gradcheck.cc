@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dropout.h"
 #include "core/element.h"
 #include "kernels/reference.h"
 #include "mask/resolved_mask.h"
@@ -157,6 +158,9 @@ GradcheckReport gradcheck(const TensorView& q, const TensorView& k, const Tensor
   if (!mods.sinks.empty()) resolved_mods.sinks = sink_values.data();
   p.mask = &resolved_mask;
   p.mods = &resolved_mods;
+  // Dropout's pairs are a function of the seed and the positions, not of the inputs: the loss is
+  // differentiable with them held fixed, which is what the backward differentiates.
+  p.dropout = detail::resolve_dropout(options.dropout, detail::mask_shape_of(p));
   const Dims out_shape = {p.batch, p.q_heads, p.q_len, p.value_dim};
   std::vector<double> o(static_cast<size_t>(checked_numel(out_shape, "out")));
   const auto loss = [&] {

@@ -168,6 +168,32 @@ TEST_F(CliAttend, OutputEqualsTheLibraryWithMasksLseAndWeights) {
   }
 }
 
+// --dropout P --seed S: the library's Options::dropout, so the same seed gives the same bits
+// (and --weights the dropped weights); another seed drops other pairs.
+TEST_F(CliAttend, DropoutIsTheLibrarysForTheSeed) {
+  const std::string dropout = " --mask causal --dropout 0.5 --weights " + path("p.npy");
+  ASSERT_EQ(run_cli(files() + dropout + " --seed 7").exit_code, 0);
+  const std::vector<float> seven = read_npy(path("out.npy")).to_float32("out");
+  const std::vector<float> weights = read_npy(path("p.npy")).to_float32("p");
+  std::vector<float> out(q_.size()), expected_weights(B * H * L * L);
+  Options options;
+  options.dropout = Dropout{0.5, 7, 0};
+  attention(TensorView(q_.data(), {B, H, L, D}), TensorView(k_.data(), {B, H, L, D}),
+            TensorView(v_.data(), {B, H, L, D}), MutableTensorView(out.data(), {B, H, L, D}),
+            Mask().causal(), {}, options);
+  attention_weights(TensorView(q_.data(), {B, H, L, D}), TensorView(k_.data(), {B, H, L, D}),
+                    MutableTensorView(expected_weights.data(), {B, H, L, L}), Mask().causal(), {},
+                    options);
+  EXPECT_EQ(seven, out);
+  EXPECT_EQ(weights, expected_weights);
+  EXPECT_NE(seven, library(Mask().causal()));
+  ASSERT_EQ(run_cli(files() + dropout + " --seed 8").exit_code, 0);
+  EXPECT_NE(read_npy(path("out.npy")).to_float32("out"), seven);
+  const test::CliResult grad = run_cli("gradcheck --mask causal --lk 70 --dropout 0.3");
+  EXPECT_EQ(grad.exit_code, 0) << grad.out << grad.err;
+  EXPECT_NE(grad.out.find("dropout 0.3"), std::string::npos) << grad.out;
+}
+
 TEST_F(CliAttend, OneHeadInputsReadThreeDimensionalMasksAsBatchMajor) {
   // [B,L,D] inputs: a [B,Lq,Lk] keep file applies per sequence (it becomes [B,1,Lq,Lk]).
   write_npy(path("q3.npy"), NpyArray::from_floats(

@@ -189,5 +189,156 @@ TEST(DropoutSweep, BackwardEveryMaskAcrossTileEdges) {
                            });
 }
 
+// With V the identity (Dv = Lk), O_ie = P'_ie: the output shows exactly which pairs a kernel kept.
+// Every kernel, tiling and slicing must keep the pairs attention_weights (the reference) keeps.
+struct IdentityValues {
+  static constexpr int64_t kLen = 100;
+  RandomProblem p{1, 2, 1, kLen, kLen, 16, kLen, 21, 2.0f};
+  IdentityValues() {
+    std::fill(p.v.begin(), p.v.end(), 0.0f);
+    for (int64_t j = 0; j < kLen; ++j) p.v[j * kLen + j] = 1.0f;
+  }
+  // O of query rows [q0, q0 + nq) against key rows [k0, k0 + nk), as a frame of the problem: f32
+  // [Hq][nq][nk] (column e − k0 of the output is key e's weight).
+  std::vector<float> slice(const Mask& mask, Options options, int64_t q0, int64_t nq, int64_t k0,
+                           int64_t nk) const {
+    options.frame = Frame{q0, k0, kLen, kLen};
+    std::vector<float> q(2 * nq * 16), k(nk * 16), v(nk * nk, 0.0f), out(2 * nq * nk);
+    for (int64_t h = 0; h < 2; ++h) {
+      std::copy_n(p.q.begin() + (h * kLen + q0) * 16, nq * 16, q.begin() + h * nq * 16);
+    }
+    std::copy_n(p.k.begin() + k0 * 16, nk * 16, k.begin());
+    for (int64_t j = 0; j < nk; ++j) v[j * nk + j] = 1.0f;
+    attention(TensorView(q.data(), {1, 2, nq, 16}), TensorView(k.data(), {1, 1, nk, 16}),
+              TensorView(v.data(), {1, 1, nk, nk}), MutableTensorView(out.data(), {1, 2, nq, nk}),
+              mask, {}, options);
+    return out;
+  }
+};
+
+TEST(DropoutPairs, TheSameInEveryKernelTilingAndSlice) {
+  const IdentityValues id;
+  const int64_t L = IdentityValues::kLen;
+  for (const Mask& mask : {Mask(), Mask().causal(), Mask().sliding_window(30).key_lengths({90})}) {
+    std::vector<float> weights(2 * L * L);
+    attention_weights(id.p.qv(), id.p.kv(), MutableTensorView(weights.data(), {1, 2, L, L}), mask,
+                      {}, with(kDropout, Kernel::reference));
+    // (name, query rows, key rows) of calls that together cover the problem.
+    struct Cut {
+      const char* name;
+      Kernel kernel;
+      std::vector<std::pair<int64_t, int64_t>> rows, keys;
+    };
+    const std::vector<Cut> cuts = {
+        {"tile kernel, whole", Kernel::fused, {{0, L}}, {{0, L}}},
+        {"reference, whole", Kernel::reference, {{0, L}}, {{0, L}}},
+        {"row kernel (5-row frames)", Kernel::fused, {{0, 5}, {5, 8}, {13, 87}}, {{0, L}}},
+        {"keys split at 37 (unaligned frames)", Kernel::fused, {{0, L}}, {{0, 37}, {37, 63}}},
+        {"row kernel, keys split at 70", Kernel::fused, {{40, 3}}, {{0, 70}, {70, 30}}},
+    };
+    for (const Cut& cut : cuts) {
+      for (const auto& [q0, nq] : cut.rows) {
+        for (const auto& [k0, nk] : cut.keys) {
+          const std::vector<float> out = id.slice(mask, with(kDropout, cut.kernel), q0, nq, k0, nk);
+          for (int64_t h = 0; h < 2; ++h) {
+            for (int64_t i = 0; i < nq; ++i) {
+              for (int64_t j = 0; j < nk; ++j) {
+                const float w = weights[(h * L + q0 + i) * L + k0 + j];
+                const float o = out[(h * nq + i) * nk + j];
+                ASSERT_EQ(w != 0.0f, o != 0.0f)
+                    << cut.name << " " << mask.describe() << " h=" << h << " q=" << q0 + i
+                    << " kv=" << k0 + j << ": weight " << w << ", output " << o;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DropoutBitwise, AnyThreadCountAndWithoutBlockSkipping) {
+  const RandomProblem p(2, 4, 2, 150, 200, 32, 32, 5);
+  const std::vector<float> dout = test::random_values(2 * 4 * 150 * 32, 6);
+  for (const Mask& mask : {Mask().causal(), Mask().sliding_window(40)}) {
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      const Outputs one = run(p, dtype, mask, with(kDropout, Kernel::fused, 1), &dout);
+      const Outputs two = run(p, dtype, mask, with(kDropout, Kernel::fused, 2), &dout);
+      Outputs plain;
+      {
+        const detail::ScopedBlockSkipping no_skipping(false);
+        plain = run(p, dtype, mask, with(kDropout, Kernel::fused, 2), &dout);
+      }
+      for (const Outputs* other : {&two, static_cast<const Outputs*>(&plain)}) {
+        EXPECT_EQ(one.out, other->out) << mask.describe() << " " << dtype_name(dtype);
+        EXPECT_EQ(one.dq, other->dq) << mask.describe() << " " << dtype_name(dtype);
+        EXPECT_EQ(one.dk, other->dk) << mask.describe() << " " << dtype_name(dtype);
+        EXPECT_EQ(one.dv, other->dv) << mask.describe() << " " << dtype_name(dtype);
+      }
+      // Decoding (the row kernel) likewise.
+      const RandomProblem decode(1, 8, 2, 1, 3000, 64, 64, 8);
+      EXPECT_EQ(run(decode, dtype, mask, with(kDropout, Kernel::fused, 1)).out,
+                run(decode, dtype, mask, with(kDropout, Kernel::fused, 2)).out);
+    }
+  }
+}
+
+TEST(DropoutGradients, FiniteDifferencesAgreeInBothKernels) {
+  const RandomProblem p(1, 2, 1, 9, 70, 8, 8, 31);
+  const std::vector<float> dout = test::random_values(2 * 9 * 8, 32);
+  for (const Kernel kernel : {Kernel::reference, Kernel::fused}) {
+    for (const Mask& mask : {Mask().causal(Alignment::bottom_right), Mask().key_lengths({50})}) {
+      const GradcheckReport report =
+          gradcheck(p.qv(), p.kv(), p.vv(), TensorView(dout.data(), {1, 2, 9, 8}), mask, {},
+                    with(Dropout{0.4, 9, 1}, kernel));
+      EXPECT_TRUE(report.passed) << kernel_name(kernel) << " " << mask.describe();
+      for (const GradcheckEntry& entry : report.entries) {
+        EXPECT_GT(entry.max_magnitude, 0.0) << entry.tensor;  // something flowed
+      }
+    }
+  }
+}
+
+TEST(DropoutEdges, EveryPairDroppedGivesZerosAndTheUndroppedLse) {
+  const RandomProblem p(1, 2, 2, 70, 80, 16, 16, 41);
+  const std::vector<float> dout = test::random_values(2 * 70 * 16, 42);
+  for (const Kernel kernel : {Kernel::reference, Kernel::fused}) {
+    const Outputs all =
+        run(p, DType::f32, Mask().causal(), with(Dropout{1.0, 3, 0}, kernel), &dout);
+    const Outputs none = run(p, DType::f32, Mask().causal(), with({}, kernel));
+    for (const float x : all.out) ASSERT_EQ(x, 0.0f) << kernel_name(kernel);
+    for (const auto* grad : {&all.dq, &all.dk, &all.dv}) {
+      for (const float x : *grad) ASSERT_EQ(x, 0.0f) << kernel_name(kernel);
+    }
+    EXPECT_EQ(all.lse, none.lse) << kernel_name(kernel);
+    // p = 0 with a seed is no dropout at all: the same bits as without.
+    EXPECT_EQ(run(p, DType::f32, Mask().causal(), with(Dropout{0.0, 3, 0}, kernel)).out, none.out);
+  }
+}
+
+// Dropout is unbiased: over n seeds the mean output converges to the undropped output. Each
+// element's mean must lie within 5 standard errors (its sample deviation / √n) + 1e-6.
+TEST(DropoutStatistics, MeanOverSeedsIsTheUndroppedOutput) {
+  const RandomProblem p(1, 2, 1, 40, 90, 16, 16, 51);
+  const Mask mask = Mask().causal(Alignment::bottom_right);
+  const std::vector<float> exact = run(p, DType::f32, mask, with({})).out;
+  const int seeds = 400;
+  std::vector<double> sum(exact.size(), 0.0), sum_sq(exact.size(), 0.0);
+  for (int seed = 0; seed < seeds; ++seed) {
+    const std::vector<float> out =
+        run(p, DType::f32, mask, with(Dropout{0.5, uint64_t(seed), 0})).out;
+    for (size_t n = 0; n < out.size(); ++n) {
+      sum[n] += out[n];
+      sum_sq[n] += double{out[n]} * out[n];
+    }
+  }
+  for (size_t n = 0; n < exact.size(); ++n) {
+    const double mean = sum[n] / seeds;
+    const double deviation = std::sqrt(std::max(0.0, sum_sq[n] / seeds - mean * mean));
+    ASSERT_LE(std::fabs(mean - exact[n]), 5 * deviation / std::sqrt(seeds) + 1e-6)
+        << "element " << n << ": mean " << mean << ", undropped " << exact[n];
+  }
+}
+
 }  // namespace
 }  // namespace maskattn

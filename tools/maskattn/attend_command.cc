@@ -110,7 +110,8 @@ int run_attend(const AttendArgs& args) {
   require_same_layout({&q, &k, &v}, "q, k and v");
   const DType dtype = choose_dtype(args.dtype, {&q, &k, &v});
   const MaskSpecs specs = parse_mask_specs(args.masks, args.mods, q.file_rank == 3);
-  const Options options = call_options(args.scale, args.threads, args.kernel, args.products);
+  const Options options = call_options(args.scale, args.threads, args.kernel, args.products,
+                                       Dropout{args.dropout, args.seed, 0});
   const ComputeInput q_in(q, dtype), k_in(k, dtype), v_in(v, dtype);
   const Computation c{q_in.view(), k_in.view(), v_in.view(), specs, options, dtype};
 
@@ -184,6 +185,7 @@ Command add_attend_command(CLI::App& app) {
                       "FILE.svg (hidden pairs hatched grey)");
   command->add_option("--tokens", args->tokens,
                       "heatmap labels: a text file of whitespace-separated tokens, one per key");
+  add_dropout_options(command, *args);
   add_ring_options(command, args->ring, args->ring_stats);
   command->footer(mask_spec_help());
   return {command, [args] { return run_attend(*args); }};

@@ -127,6 +127,19 @@ void add_compute_options(CLI::App* command, Args& args, const ComputeOptionHelp&
   add_products_option(command, args.products);
 }
 
+// --dropout P [--seed S] of attend and grad: attention dropout (Options::dropout, docs/cli.md).
+// The same P and S drop the same pairs in every command, kernel and ring run.
+template <typename Args>
+void add_dropout_options(CLI::App* command, Args& args) {
+  command
+      ->add_option("--dropout", args.dropout,
+                   "attention dropout: drop each allowed pair with probability P, scale the kept "
+                   "weights by 1/(1-P) (default 0: none)")
+      ->check(CLI::Range(0.0, 1.0));
+  command->add_option("--seed", args.seed,
+                      "dropout's seed (default 0): the same seed drops the same pairs");
+}
+
 // The options of the commands that make their own random inputs (gradcheck, audit).
 template <typename Args>
 void add_random_input_options(CLI::App* command, Args& args, const std::string& default_heads) {

@@ -44,10 +44,12 @@ struct AttendArgs {
   int threads = 0;
   std::string kernel = "auto";
   std::string products = "auto";  // bf16 product unit (attention.h: Products)
-  int repeat = 0;          // > 0: one warm-up, then `repeat` timed runs, timing printed on stderr
-  bool report = false;     // print the numeric health report
-  std::string heatmap;     // FILE.png|svg: the weights, one panel per (b, h); empty = none
-  std::string tokens;      // labels for the heatmap's rows and columns
+  int repeat = 0;        // > 0: one warm-up, then `repeat` timed runs, timing printed on stderr
+  bool report = false;   // print the numeric health report
+  std::string heatmap;   // FILE.png|svg: the weights, one panel per (b, h); empty = none
+  std::string tokens;    // labels for the heatmap's rows and columns
+  double dropout = 0.0;  // attention dropout probability (Options::dropout), with `seed`
+  uint64_t seed = 0;
   std::string ring;        // "zigzag" | "contiguous": run as one rank of a ring (mpirun); "" = not
   std::string ring_stats;  // "basic" | "pairs": print each rank's RingStats; "" = not
 };
@@ -65,8 +67,10 @@ struct GradArgs {
   int threads = 0;
   std::string kernel = "auto";
   std::string products = "auto";  // bf16 product unit (attention.h: Products)
-  std::string ring;               // as AttendArgs::ring
-  std::string ring_stats;         // as AttendArgs::ring_stats
+  double dropout = 0.0;           // as AttendArgs::dropout
+  uint64_t seed = 0;
+  std::string ring;        // as AttendArgs::ring
+  std::string ring_stats;  // as AttendArgs::ring_stats
 };
 int run_grad(const GradArgs& args);
 int run_grad_ring(const GradArgs& args);
@@ -80,7 +84,8 @@ struct GradcheckArgs {
   std::string dtype = "f32";
   std::string kernel = "auto";
   int threads = 0;
-  uint64_t seed = 1;
+  uint64_t seed = 1;     // the random inputs' and dropout's
+  double dropout = 0.0;  // attention dropout probability
   double step = 1e-3;
   std::optional<double> tolerance;
 };

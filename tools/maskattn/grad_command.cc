@@ -29,7 +29,8 @@ int run_grad(const GradArgs& args) {
   require_same_layout({&q, &k, &v, &dout}, "q, k, v and dout");
   const DType dtype = choose_dtype(args.dtype, {&q, &k, &v, &dout});
   const MaskSpecs parsed = parse_mask_specs(args.masks, args.mods, q.file_rank == 3);
-  const Options options = call_options(args.scale, args.threads, args.kernel, args.products);
+  const Options options = call_options(args.scale, args.threads, args.kernel, args.products,
+                                       Dropout{args.dropout, args.seed, 0});
 
   const ComputeInput q_in(q, dtype), k_in(k, dtype), v_in(v, dtype), dout_in(dout, dtype);
   // The backward needs the forward's O and LSE: computed here, not read from files. Shapes are
@@ -90,7 +91,8 @@ int run_gradcheck(const GradcheckArgs& args) {
   const TensorBuffer v = make({args.batch, kv_heads, args.k_len, args.value_dim});
   const TensorBuffer dout = make({args.batch, args.heads, args.q_len, args.value_dim});
 
-  const Options options = call_options(args.scale, args.threads, args.kernel);
+  const Options options = call_options(args.scale, args.threads, args.kernel, "auto",
+                                       Dropout{args.dropout, args.seed, 0});
   GradcheckOptions check;
   check.step = args.step;
   check.tolerance = args.tolerance;
@@ -102,10 +104,10 @@ int run_gradcheck(const GradcheckArgs& args) {
     throw Error(naming_program_spec(error.what(), parsed.programs));
   }
 
-  std::printf("gradcheck: kernel %s, dtype %s, q %s, k %s, v %s, seed %llu, step %g\n",
+  std::printf("gradcheck: kernel %s, dtype %s, q %s, k %s, v %s, seed %llu, dropout %g, step %g\n",
               args.kernel.c_str(), dtype_name(dtype), shape_string(q.shape()).c_str(),
               shape_string(k.shape()).c_str(), shape_string(v.shape()).c_str(),
-              static_cast<unsigned long long>(args.seed), args.step);
+              static_cast<unsigned long long>(args.seed), args.dropout, args.step);
   std::printf("%-7s %9s %12s %14s %14s\n", "tensor", "elements", "max |fd|", "max abs error",
               "max rel error");
   for (const GradcheckEntry& entry : report.entries) {
@@ -139,6 +141,7 @@ Command add_grad_command(CLI::App& app) {
   command->add_option("--dk", args->dk, "dL/dK output .npy")->required();
   command->add_option("--dv", args->dv, "dL/dV output .npy")->required();
   add_compute_options(command, *args);
+  add_dropout_options(command, *args);
   add_ring_options(command, args->ring, args->ring_stats);
   command->footer(mask_spec_help());
   return {command, [args] { return run_grad(*args); }};
@@ -157,6 +160,10 @@ Command add_gradcheck_command(CLI::App& app) {
   add_random_input_options(command, *args, "2");
   command->add_option("--scale", args->scale, "score scale (default 1/sqrt(D))");
   add_threads_option(command, args->threads);
+  command
+      ->add_option("--dropout", args->dropout,
+                   "attention dropout probability, its pairs drawn from --seed (default 0)")
+      ->check(CLI::Range(0.0, 1.0));
   command->add_option("--step", args->step, "finite-difference step (default 1e-3)");
   command->add_option("--tolerance", args->tolerance,
                       "max relative error (default f32 1e-4, f16 1e-2, bf16 5e-2)");

@@ -198,12 +198,13 @@ std::string naming_program_spec(const std::string& message,
 }
 
 Options call_options(const std::optional<double>& scale, int threads, const std::string& kernel,
-                     const std::string& products) {
+                     const std::string& products, const Dropout& dropout) {
   Options options;
   options.scale = scale;
   options.threads = threads;
   options.kernel = parse_kernel(kernel, "--kernel");
   options.products = parse_products(products, "--products");
+  options.dropout = dropout;
   return options;
 }
 

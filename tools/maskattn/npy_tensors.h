@@ -95,9 +95,9 @@ MaskSpecs parse_mask_specs(const std::vector<std::string>& masks,
 std::string naming_program_spec(const std::string& message,
                                 const std::vector<std::string>& programs);
 
-// Options from the --scale, --threads and --kernel flags.
+// Options from the --scale, --threads, --kernel, --products and --dropout/--seed flags.
 Options call_options(const std::optional<double>& scale, int threads, const std::string& kernel,
-                     const std::string& products = "auto");
+                     const std::string& products = "auto", const Dropout& dropout = {});
 
 // A [B,H,L,W] result in the layout of the file `like` came from: [L,W], [B,L,W] or [B,H,L,W].
 Dims file_layout(const InputTensor& like, const Dims& shape);

@@ -88,7 +88,8 @@ RingProblem read_problem(MPI_Comm comm, const Args& args,
     require_same_layout(pointers, input_flags.size() == 4 ? "q, k, v and dout" : "q, k and v");
     p.dtype = choose_dtype(args.dtype, pointers);
     p.specs = parse_mask_specs(args.masks, args.mods, p.q().file_rank == 3);
-    p.options.base = call_options(args.scale, args.threads, args.kernel, args.products);
+    p.options.base = call_options(args.scale, args.threads, args.kernel, args.products,
+                                  Dropout{args.dropout, args.seed, 0});
     p.options.layout = layout_named(args.ring);
     p.options.count_allowed_pairs = args.ring_stats == "pairs";
     p.q_len = p.q().shape[2];
