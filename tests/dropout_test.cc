@@ -135,8 +135,9 @@ TEST(DropoutStatistics, KeepRateWithinThreeSigmaForEveryMaskKind) {
 // Pearson correlation of the keep indicators of pairs at a fixed offset, over ≥ 10⁷ pairs: under
 // independence it is ≈ N(0, 1/n), so |r| ≤ 4/√n fails by chance with probability 6·10⁻⁵ (and the
 // seeds are fixed, so the test is deterministic). The offsets are the neighbours a counter-based
-// scheme could correlate: the next key, the next key of the same Philox instance (+8), the next
-// 64-key group, the next query, the next head, the next seed and the next offset.
+// scheme could correlate: the next key (the same Philox word, other half), key + 2 (the same
+// instance's next word), + 4 (the next instance), + 32 (the same instance's other words), + 64
+// (the next counter group), the next query, the next head, the next seed and the next offset.
 TEST(DropoutStatistics, NeighbouringPairsAreUncorrelated) {
   const MaskShape shape{1, 2, 4096, 4096};
   const DropoutRule rule = rule_for(0.5, 12345, shape);
@@ -146,8 +147,10 @@ TEST(DropoutStatistics, NeighbouringPairsAreUncorrelated) {
     int64_t dh, dq, dkv;
   };
   const std::vector<Pairing> pairings = {
-      {"next key", rule, 0, 0, 1},
-      {"key + 8 (same Philox instance)", rule, 0, 0, 8},
+      {"next key (same word)", rule, 0, 0, 1},
+      {"key + 2 (same instance)", rule, 0, 0, 2},
+      {"key + 4 (next instance)", rule, 0, 0, 4},
+      {"key + 32 (same instance, words x2 x3)", rule, 0, 0, 32},
       {"key + 64 (next counter group)", rule, 0, 0, 64},
       {"next query", rule, 0, 1, 0},
       {"next head", rule, 1, 0, 0},

@@ -3,17 +3,19 @@
 //
 //   pair (b, h, q, kv) — q, kv the pair's global rows (the call's rows plus the frame's offsets),
 //   h the query head — draws from Philox4x32-10 with key (seed mod 2³², seed >> 32) and counter
-//       (8·⌊kv/64⌋ + kv mod 8,  q,  b·Hq + h,  offset)
-//   the 16-bit half (kv/8 mod 8) of the four output words, little half first: u ∈ [0, 65536);
-//   the pair is kept iff u ≥ T, T = round(p·65536); kept weights are scaled by 65536 / (65536 − T).
+//       (8·⌊kv/64⌋ + ⌊(kv mod 32)/4⌋,  q,  b·Hq + h,  offset),
+//   the 16-bit half t = 4·⌊(kv mod 64)/32⌋ + kv mod 4 of the output words (word ⌊t/2⌋, its low
+//   half first): u ∈ [0, 65536); kept iff u ≥ T, T = round(p·65536); kept weights are scaled by
+//   65536 / (65536 − T).
 //
-// Why that counter: one Philox call yields eight 16-bit draws, and this assignment gives the eight
-// keys kv ≡ o (mod 8) of a 64-key tile to instance o, so that eight instances side by side (one
-// AVX-512 vector) produce a whole 64-bit row of keep bits with a byte per output half and no bit
-// shuffling (kernels/dropout-inl.h). Why 16 bits: a 64 × 64 tile needs 4096 draws, and 16-bit draws
-// halve the generator's share of the tile's time against 32-bit ones; the quantisation of p is at
-// most 2^-17, far below what 10⁷ pairs can detect (σ ≥ 1e-4), and the scale uses the quantised p,
-// so E[O] stays exactly the undropped O.
+// Why that assignment: one Philox call yields eight 16-bit draws, and the 64 keys of a 64-aligned
+// group are the 8 draws of 8 instances (instance o: keys 4o..4o+3 and 32+4o..32+4o+3). Eight
+// instances side by side (one AVX-512 vector of u64 lanes) then hold words x0, x1 of every
+// instance, interleaved, as 32 u16 lanes in key order 0..31, and x2, x3 as keys 32..63: two u16
+// compares give a row of 64 keep bits with no bit shuffling (kernels/dropout-inl.h). Why 16 bits:
+// a 64 × 64 tile needs 4096 draws, and 16-bit draws halve the generator's share of the tile's
+// time against 32-bit ones; the quantisation of p is at most 2^-17, far below what 10⁷ pairs can
+// detect (σ ≥ 1e-4), and the scale uses the quantised p, so E[O] stays exactly the undropped O.
 #pragma once
 
 #include <cstdint>
@@ -39,9 +41,14 @@ struct DropoutRule {
 // whose rows or heads leave the counter's 32-bit words (Lq ≥ 2³², Lk ≥ 2³⁵, B·Hq > 2³²).
 DropoutRule resolve_dropout(const Dropout& dropout, const MaskShape& whole_problem);
 
-// The counter's first word for key row kv: instance kv mod 8 of 64-key tile ⌊kv/64⌋.
+// The counter's first word for key row kv: instance ⌊(kv mod 32)/4⌋ of 64-key group ⌊kv/64⌋.
 constexpr uint32_t dropout_counter_column(int64_t kv) {
-  return static_cast<uint32_t>(((kv >> 6) << 3) | (kv & 7));
+  return static_cast<uint32_t>(((kv >> 6) << 3) | ((kv & 31) >> 2));
+}
+
+// Which of the instance's eight 16-bit draws is key kv's: 4·⌊(kv mod 64)/32⌋ + kv mod 4.
+constexpr int dropout_draw_index(int64_t kv) {
+  return static_cast<int>(((kv >> 5) & 1) * 4 + (kv & 3));
 }
 
 // Whether pair (b, h, q, kv) (global rows) is kept: the scalar definition, for the reference
@@ -52,8 +59,8 @@ inline bool dropout_keeps(const DropoutRule& rule, int64_t b, int64_t h, int64_t
       philox4x32_10({dropout_counter_column(kv), static_cast<uint32_t>(q),
                      static_cast<uint32_t>(b * rule.q_heads + h), rule.offset},
                     rule.key0, rule.key1);
-  const int64_t half = (kv >> 3) & 7;
-  const uint32_t draw = (words[half >> 1] >> (16 * (half & 1))) & 0xFFFFu;
+  const int draw_index = dropout_draw_index(kv);
+  const uint32_t draw = (words[draw_index >> 1] >> (16 * (draw_index & 1))) & 0xFFFFu;
   return draw >= rule.threshold;
 }
 

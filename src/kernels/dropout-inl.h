@@ -4,19 +4,17 @@
 //
 // Design. core/dropout.h defines which pairs are kept (Philox4x32-10 of the pair's global rows);
 // this file makes the same bits fast. One Philox instance yields eight 16-bit draws, and the
-// counter gives instance o of a 64-key tile the keys o, o + 8, …, o + 56 of one query, so:
-//
-// - DropoutRowBits (one query, the tile's 64 keys: the backward's and the row kernel's layout)
-//   runs the eight instances o = 0..7 side by side, one per u64 lane; draw t of every lane,
-//   compared with T, is a lane mask whose bit o is key 8t + o — byte t of the row's keep word.
-// - DropoutColumnBits (one key at a time, 64 queries: the forward tile's layout, keys rows and
-//   queries lanes) runs one instance o for N queries side by side; draw t gives key 8t + o's bits
-//   for those queries directly. No transpose either way.
+// counter gives instance o of a 64-key group the keys 4o..4o+3 (words x0, x1) and 32+4o..32+4o+3
+// (words x2, x3) of one query. So DropoutRowBits (one query, 64 keys) runs the eight instances
+// side by side, one per u64 lane; interleaving x0 with x1 (and x2 with x3) as u32 lanes puts the
+// draws of keys 0..31 (32..63) in key order in 16-bit lanes, and one saturating subtraction and
+// compare per vector gives the row's 64 keep bits as two lane masks. The forward's tile, which
+// wants bits per key over 64 queries, makes 64 rows and transposes them (transpose_bits).
 //
 // A Philox round on u64 lanes holding 32-bit words is two MulEven (32×32→64), two shifts and two
 // three-way XORs: the low half of a product is the product itself, since MulEven reads only the low
-// 32 bits of each lane and the final draws mask them, so the high garbage never needs clearing.
-// On AVX-512 that is ~60 operations for a row of 64 keep bits, ~1 per pair against the ~2·D
+// 32 bits of each lane and the draws take only those, so the high garbage never needs clearing.
+// On AVX-512 that is ~65 operations for a row of 64 keep bits, ~1 per pair against the 2·D
 // multiply-adds the pair's two products cost. The bits are tested against core/dropout.h's scalar
 // definition for every target (tests/dropout_test.cc).
 #if defined(MASKATTN_KERNELS_DROPOUT_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -28,9 +26,15 @@
 
 #include <hwy/highway.h>
 
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
 #include <cstdint>
 
 #include "core/dropout.h"
+#include "kernels/transpose_bits.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace maskattn::detail::fused {
@@ -43,74 +47,133 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DU64 = hn::ScalableTag<uint64_t>;
 using VU64 = hn::Vec<DU64>;
 
-// Philox4x32-10 in every lane (words in the low halves; the high halves may hold garbage).
-HWY_INLINE void PhiloxLanes(VU64& c0, VU64& c1, VU64& c2, VU64& c3, uint32_t k0, uint32_t k1) {
+// Rows r < R of keep bits: out[r] bit j = pair (q[r], kv0 + j) of head row bh[r] kept (kv0 a
+// multiple of 64; bits past the problem's keys are draws of keys that do not exist: callers
+// ignore them). Philox4x32-10 runs in every u64 lane (words in the low halves; the high halves may
+// hold garbage), for R rows at once: one round waits on its multiply, so a single row is
+// latency-bound and R independent rows in flight fill the pipes.
+template <int R>
+HWY_INLINE void DropoutRowGroup(const DropoutRule& rule, const uint32_t* bh, const int64_t* q,
+                                int64_t kv0, uint64_t* HWY_RESTRICT out) {
+  for (int r = 0; r < R; ++r) out[r] = 0;
+  if (rule.threshold > 0xFFFF) return;  // p' = 1: every pair dropped
   const DU64 d;
   const hn::Repartition<uint32_t, DU64> d32;
+  const hn::Repartition<uint16_t, DU64> d16;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const auto m0 = hn::Set(d32, kPhiloxM0), m1 = hn::Set(d32, kPhiloxM1);
-  for (int round = 0; round < kPhiloxRounds; ++round) {
-    const VU64 p0 = hn::MulEven(hn::BitCast(d32, c0), m0);
-    const VU64 p1 = hn::MulEven(hn::BitCast(d32, c2), m1);
-    c0 = hn::Xor3(hn::ShiftRight<32>(p1), c1, hn::Set(d, k0));
-    c1 = p1;
-    c2 = hn::Xor3(hn::ShiftRight<32>(p0), c3, hn::Set(d, k1));
-    c3 = p0;
-    k0 += kPhiloxW0;
-    k1 += kPhiloxW1;
-  }
-}
-
-// Lane masks of the eight draws (bit l: lane l's draw t is kept), `lanes` lanes.
-HWY_INLINE void KeptDraws(const VU64 (&words)[4], uint32_t threshold, uint8_t (&kept)[8]) {
-  const DU64 d;
-  const hn::RebindToSigned<DU64> di;
-  const auto low16 = hn::Set(d, 0xFFFF);
-  const auto limit = hn::Set(di, static_cast<int64_t>(threshold));
-  for (int t = 0; t < 8; ++t) {
-    const VU64 word = (t & 1) != 0 ? hn::ShiftRight<16>(words[t >> 1]) : words[t >> 1];
-    const auto draw = hn::BitCast(di, hn::And(word, low16));
-    uint8_t bytes[8] = {};
-    hn::StoreMaskBits(di, hn::Not(hn::Lt(draw, limit)), bytes);
-    kept[t] = bytes[0];
-  }
-}
-
-// Bit j: pair (q, kv0 + j) kept, j < 64 (kv0 a multiple of 64; bits past the problem's keys are
-// draws of keys that do not exist: callers ignore them).
-HWY_INLINE uint64_t DropoutRowBits(const DropoutRule& rule, uint32_t bh, int64_t q, int64_t kv0) {
-  const DU64 d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto threshold = hn::Set(d16, static_cast<uint16_t>(rule.threshold));
   const uint32_t column0 = dropout_counter_column(kv0);
-  uint64_t bits = 0;
   for (int64_t o = 0; o < 8; o += lanes) {
-    VU64 words[4] = {hn::Iota(d, column0 + o), hn::Set(d, static_cast<uint32_t>(q)), hn::Set(d, bh),
-                     hn::Set(d, rule.offset)};
-    PhiloxLanes(words[0], words[1], words[2], words[3], rule.key0, rule.key1);
-    uint8_t kept[8];
-    KeptDraws(words, rule.threshold, kept);
-    for (int t = 0; t < 8; ++t) bits |= uint64_t{kept[t]} << (8 * t + o);
-  }
-  return bits;
-}
-
-// keep[j] bit i: pair (q0 + i, kv0 + j) kept, for j < 64 and i < q_count (other bits 0).
-HWY_INLINE void DropoutColumnBits(const DropoutRule& rule, uint32_t bh, int64_t q0, int64_t q_count,
-                                  int64_t kv0, uint64_t* HWY_RESTRICT keep) {
-  const DU64 d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const uint32_t column0 = dropout_counter_column(kv0);
-  for (int64_t j = 0; j < 64; ++j) keep[j] = 0;
-  for (int64_t i = 0; i < q_count; i += lanes) {
-    const uint64_t in_range = q_count - i >= 64 ? ~uint64_t{0} : (uint64_t{1} << (q_count - i)) - 1;
-    for (uint32_t o = 0; o < 8; ++o) {
-      VU64 words[4] = {hn::Set(d, column0 + o), hn::Iota(d, static_cast<uint64_t>(q0 + i)),
-                       hn::Set(d, bh), hn::Set(d, rule.offset)};
-      PhiloxLanes(words[0], words[1], words[2], words[3], rule.key0, rule.key1);
-      uint8_t kept[8];
-      KeptDraws(words, rule.threshold, kept);
-      for (int t = 0; t < 8; ++t) keep[8 * t + o] |= (uint64_t{kept[t]} & in_range) << i;
+    VU64 x[R][4];
+    for (int r = 0; r < R; ++r) {
+      x[r][0] = hn::Iota(d, column0 + o);
+      x[r][1] = hn::Set(d, static_cast<uint32_t>(q[r]));
+      x[r][2] = hn::Set(d, bh[r]);
+      x[r][3] = hn::Set(d, rule.offset);
+    }
+    uint32_t k0 = rule.key0, k1 = rule.key1;
+    for (int round = 0; round < kPhiloxRounds; ++round) {
+      const VU64 key0 = hn::Set(d, k0), key1 = hn::Set(d, k1);
+      for (int r = 0; r < R; ++r) {
+        const VU64 p0 = hn::MulEven(hn::BitCast(d32, x[r][0]), m0);
+        const VU64 p1 = hn::MulEven(hn::BitCast(d32, x[r][2]), m1);
+        x[r][0] = hn::Xor3(hn::ShiftRight<32>(p1), x[r][1], key0);
+        x[r][1] = p1;
+        x[r][2] = hn::Xor3(hn::ShiftRight<32>(p0), x[r][3], key1);
+        x[r][3] = p0;
+      }
+      k0 += kPhiloxW0;
+      k1 += kPhiloxW1;
+    }
+    for (int r = 0; r < R; ++r) {
+      // u16 lane 4·l + t of `low` is draw t < 4 of lane l (keys 4(o + l) + t), of `high` draw
+      // 4 + t (keys 32 + 4(o + l) + t).
+      const auto low = hn::BitCast(d16, hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x[r][1])),
+                                                    hn::BitCast(d32, x[r][0])));
+      const auto high = hn::BitCast(d16, hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x[r][3])),
+                                                     hn::BitCast(d32, x[r][2])));
+      // kept ⇔ draw ≥ T ⇔ T ⊖ draw = 0 (saturating: no unsigned compare needed).
+      uint64_t kept_low = 0, kept_high = 0;
+      hn::StoreMaskBits(d16, hn::Eq(hn::SaturatedSub(threshold, low), hn::Zero(d16)),
+                        reinterpret_cast<uint8_t*>(&kept_low));
+      hn::StoreMaskBits(d16, hn::Eq(hn::SaturatedSub(threshold, high), hn::Zero(d16)),
+                        reinterpret_cast<uint8_t*>(&kept_high));
+      out[r] |= (kept_low << (4 * o)) | (kept_high << (32 + 4 * o));
     }
   }
+}
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+// keep[j] bit i: pair (q0 + i, kv0 + j) kept, for i < q_count ≤ 64 (other bits 0), j < 64, kv0 a
+// multiple of 64: the forward tile's layout (keys rows, queries lanes), made directly with the
+// queries across the lanes. For instance o, lane l's draws t sit at u16 lanes 4l + t, so the lane
+// mask's bits 4l + t, l = 0…, are key 4o + t's queries: one pext (BMI2, which Highway's AVX2 and
+// AVX-512 targets imply) per key instead of a 64 × 64 bit transpose. Four instances in flight.
+HWY_INLINE void DropoutKeyColumns(const DropoutRule& rule, uint32_t bh, int64_t q0, int64_t q_count,
+                                  int64_t kv0, uint64_t* HWY_RESTRICT keep) {
+  for (int64_t j = 0; j < 64; ++j) keep[j] = 0;
+  if (rule.threshold > 0xFFFF) return;  // p' = 1: every pair dropped
+  const DU64 d;
+  const hn::Repartition<uint32_t, DU64> d32;
+  const hn::Repartition<uint16_t, DU64> d16;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto m0 = hn::Set(d32, kPhiloxM0), m1 = hn::Set(d32, kPhiloxM1);
+  const auto threshold = hn::Set(d16, static_cast<uint16_t>(rule.threshold));
+  const uint32_t column0 = dropout_counter_column(kv0);
+  constexpr int kInFlight = 4;
+  const uint32_t nibble_bits =
+      static_cast<uint32_t>((uint64_t{1} << (4 * lanes)) - 1) & 0x11111111u;
+  for (int64_t i = 0; i < q_count; i += lanes) {
+    const uint64_t in_range =
+        q_count - i >= lanes ? ~uint64_t{0} : (uint64_t{1} << (q_count - i)) - 1;
+    for (int o0 = 0; o0 < 8; o0 += kInFlight) {
+      VU64 x[kInFlight][4];
+      for (int r = 0; r < kInFlight; ++r) {
+        x[r][0] = hn::Set(d, column0 + o0 + r);
+        x[r][1] = hn::Iota(d, static_cast<uint64_t>(static_cast<uint32_t>(q0 + i)));
+        x[r][2] = hn::Set(d, bh);
+        x[r][3] = hn::Set(d, rule.offset);
+      }
+      uint32_t k0 = rule.key0, k1 = rule.key1;
+      for (int round = 0; round < kPhiloxRounds; ++round) {
+        const VU64 key0 = hn::Set(d, k0), key1 = hn::Set(d, k1);
+        for (int r = 0; r < kInFlight; ++r) {
+          const VU64 p0 = hn::MulEven(hn::BitCast(d32, x[r][0]), m0);
+          const VU64 p1 = hn::MulEven(hn::BitCast(d32, x[r][2]), m1);
+          x[r][0] = hn::Xor3(hn::ShiftRight<32>(p1), x[r][1], key0);
+          x[r][1] = p1;
+          x[r][2] = hn::Xor3(hn::ShiftRight<32>(p0), x[r][3], key1);
+          x[r][3] = p0;
+        }
+        k0 += kPhiloxW0;
+        k1 += kPhiloxW1;
+      }
+      for (int r = 0; r < kInFlight; ++r) {
+        const auto low = hn::BitCast(d16, hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x[r][1])),
+                                                      hn::BitCast(d32, x[r][0])));
+        const auto high = hn::BitCast(d16, hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x[r][3])),
+                                                       hn::BitCast(d32, x[r][2])));
+        uint32_t kept_low = 0, kept_high = 0;
+        hn::StoreMaskBits(d16, hn::Eq(hn::SaturatedSub(threshold, low), hn::Zero(d16)),
+                          reinterpret_cast<uint8_t*>(&kept_low));
+        hn::StoreMaskBits(d16, hn::Eq(hn::SaturatedSub(threshold, high), hn::Zero(d16)),
+                          reinterpret_cast<uint8_t*>(&kept_high));
+        const int o = o0 + r;
+        for (int t = 0; t < 4; ++t) {
+          keep[4 * o + t] |= (_pext_u32(kept_low, nibble_bits << t) & in_range) << i;
+          keep[32 + 4 * o + t] |= (_pext_u32(kept_high, nibble_bits << t) & in_range) << i;
+        }
+      }
+    }
+  }
+}
+#endif
+
+HWY_INLINE uint64_t DropoutRowBits(const DropoutRule& rule, uint32_t bh, int64_t q, int64_t kv0) {
+  uint64_t bits = 0;
+  DropoutRowGroup<1>(rule, &bh, &q, kv0, &bits);
+  return bits;
 }
 
 #else  // HWY_SCALAR: one pair at a time, by the definition
@@ -122,13 +185,10 @@ HWY_INLINE uint64_t DropoutRowBits(const DropoutRule& rule, uint32_t bh, int64_t
   return bits;
 }
 
-HWY_INLINE void DropoutColumnBits(const DropoutRule& rule, uint32_t bh, int64_t q0, int64_t q_count,
-                                  int64_t kv0, uint64_t* HWY_RESTRICT keep) {
-  for (int64_t j = 0; j < 64; ++j) keep[j] = 0;
-  for (int64_t i = 0; i < q_count; ++i) {
-    const uint64_t row = DropoutRowBits(rule, bh, q0 + i, kv0);
-    for (int64_t j = 0; j < 64; ++j) keep[j] |= ((row >> j) & 1) << i;
-  }
+template <int R>
+HWY_INLINE void DropoutRowGroup(const DropoutRule& rule, const uint32_t* bh, const int64_t* q,
+                                int64_t kv0, uint64_t* HWY_RESTRICT out) {
+  for (int r = 0; r < R; ++r) out[r] = DropoutRowBits(rule, bh[r], q[r], kv0);
 }
 
 #endif
@@ -142,31 +202,65 @@ HWY_INLINE uint64_t DropoutRowBitsAt(const DropoutRule& rule, uint32_t bh, int64
   return (low >> shift) | (DropoutRowBits(rule, bh, q, group + 64) << (64 - shift));
 }
 
-// keep[j] bit i: pair (q0 + i, kv + j) kept, j < 64, any kv; `keep` has room for 128 words.
-HWY_INLINE void DropoutColumnBitsAt(const DropoutRule& rule, uint32_t bh, int64_t q0,
-                                    int64_t q_count, int64_t kv, uint64_t* HWY_RESTRICT keep) {
+// out[i] bit j: pair (q0 + i, kv + j) kept, for i < count, j < 64, any kv: four rows in flight.
+HWY_INLINE void DropoutTileRows(const DropoutRule& rule, uint32_t bh, int64_t q0, int64_t count,
+                                int64_t kv, uint64_t* HWY_RESTRICT out) {
+  constexpr int kInFlight = 4;
   const int64_t shift = kv & 63, group = kv - shift;
-  DropoutColumnBits(rule, bh, q0, q_count, group, keep);
-  if (shift == 0) return;
-  DropoutColumnBits(rule, bh, q0, q_count, group + 64, keep + 64);
-  for (int64_t j = 0; j < 64; ++j) keep[j] = keep[j + shift];  // keep[64..) is the next group
+  const uint32_t heads[kInFlight] = {bh, bh, bh, bh};
+  for (int64_t i = 0; i < count; i += kInFlight) {
+    int64_t rows[kInFlight];  // past the end: the last row again (its bits are not stored)
+    for (int r = 0; r < kInFlight; ++r) rows[r] = q0 + std::min<int64_t>(i + r, count - 1);
+    uint64_t low[kInFlight], high[kInFlight];
+    DropoutRowGroup<kInFlight>(rule, heads, rows, group, low);
+    if (shift != 0) DropoutRowGroup<kInFlight>(rule, heads, rows, group + 64, high);
+    for (int64_t r = 0; r < kInFlight && i + r < count; ++r) {
+      out[i + r] = shift == 0 ? low[r] : (low[r] >> shift) | (high[r] << (64 - shift));
+    }
+  }
 }
 
-// s[r·64 + j] ← keep bit j of row r ? scale·s : 0, for rows r < count of 64 floats (the
-// backward's P and dP by query rows, the row kernel's weights).
+// keep[j] bit i: pair (q0 + i, kv + j) kept, j < 64, any kv, i < q_count (other bits 0); `keep`
+// has room for 128 words. From the key columns where BMI2 is there, else the rows transposed.
+HWY_INLINE void DropoutColumnBitsAt(const DropoutRule& rule, uint32_t bh, int64_t q0,
+                                    int64_t q_count, int64_t kv, uint64_t* HWY_RESTRICT keep) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  const int64_t shift = kv & 63, group = kv - shift;
+  DropoutKeyColumns(rule, bh, q0, q_count, group, keep);
+  if (shift == 0) return;
+  DropoutKeyColumns(rule, bh, q0, q_count, group + 64, keep + 64);
+  for (int64_t j = 0; j < 64; ++j) keep[j] = keep[j + shift];  // keep[64..) is the next group
+#else
+  DropoutTileRows(rule, bh, q0, q_count, kv, keep);
+  for (int64_t i = q_count; i < 64; ++i) keep[i] = 0;
+  transpose_bits(keep);
+#endif
+}
+
+// s[r·64 + j] ← keep bit j of row r ? scale·s : 0, for rows r < count of 64 floats (the forward's
+// Pᵀ by keys, the backward's P and dP by queries, the row kernel's weights). The bits load
+// straight into the lane masks; scale 1 (the forward, which scales once at the end) multiplies
+// nothing.
 HWY_INLINE void ApplyDropoutRows(const uint64_t* keep, int64_t count, float scale,
                                  float* HWY_RESTRICT s) {
   const hn::ScalableTag<float> df;
-  const hn::RebindToUnsigned<decltype(df)> du;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const auto factor = hn::Set(df, scale);
-  const auto lane_bit = hn::Shl(hn::Set(du, 1u), hn::Iota(du, 0));
   for (int64_t r = 0; r < count; ++r) {
+    const auto* row_bits = reinterpret_cast<const uint8_t*>(keep + r);
     for (int64_t j = 0; j < 64; j += N) {
-      const auto chunk = hn::Set(du, static_cast<uint32_t>(keep[r] >> j));
-      const auto kept = hn::RebindMask(df, hn::Ne(hn::And(chunk, lane_bit), hn::Zero(du)));
       float* at = s + r * 64 + j;
-      hn::StoreU(hn::IfThenElseZero(kept, hn::Mul(factor, hn::LoadU(df, at))), df, at);
+      // Lanes j..j+N of the row: N bits from byte j/8 (N ≥ 8), or a shifted byte (N < 8).
+      uint8_t lane_bits[8] = {};
+      if (N >= 8) {
+        lane_bits[0] = row_bits[j / 8];
+        if (N == 16) lane_bits[1] = row_bits[j / 8 + 1];
+      } else {
+        lane_bits[0] = static_cast<uint8_t>(row_bits[j / 8] >> (j % 8));
+      }
+      const auto kept = hn::LoadMaskBits(df, lane_bits);
+      const auto x = hn::LoadU(df, at);
+      hn::StoreU(hn::IfThenElseZero(kept, scale == 1.0f ? x : hn::Mul(factor, x)), df, at);
     }
   }
 }

@@ -253,10 +253,8 @@ void ScaleRows(float scale, int64_t rows, float* HWY_RESTRICT s) {
 void DropoutBits(const BackwardContext& c, const BackwardPair& pair, BackwardScratch& sc) {
   const Problem& p = *c.problem;
   const auto bh = static_cast<uint32_t>(pair.b * p.q_heads + pair.h);
-  const int64_t q0 = pair.q_first + p.mask->q_origin(), kv = pair.j0 + p.mask->k_origin();
-  for (int64_t i = 0; i < pair.q_count; ++i) {
-    sc.keep[i] = DropoutRowBitsAt(p.dropout, bh, q0 + i, kv);
-  }
+  DropoutTileRows(p.dropout, bh, pair.q_first + p.mask->q_origin(), pair.q_count,
+                  pair.j0 + p.mask->k_origin(), sc.keep);
 }
 
 // One (query tile, key tile) pair; the key tile is packed in the scratch (the f32 unit's operands,
@@ -366,19 +364,6 @@ RowDelta row_delta_of(const float* dout, const float* o, int64_t value_dim, cons
 void backward_item(const BackwardContext& context, const BackwardItem& item,
                    BackwardScratch& scratch) {
   HWY_DYNAMIC_DISPATCH(BackwardItemImpl)(context, item, scratch);
-}
-
-// Recursive block swap (Hacker's Delight §7-3, bit c of a word = column c): swap the off-diagonal
-// 32 × 32 blocks, then the 16 × 16 blocks inside each quadrant, and so on down to single bits.
-void transpose_bits(uint64_t* bits) {
-  uint64_t mask = 0x00000000FFFFFFFFull;
-  for (int width = 32; width != 0; width >>= 1, mask ^= mask << width) {
-    for (int row = 0; row < 64; row = ((row | width) + 1) & ~width) {
-      const uint64_t swap = ((bits[row] >> width) ^ bits[row | width]) & mask;
-      bits[row] ^= swap << width;
-      bits[row | width] ^= swap;
-    }
-  }
 }
 
 void BackwardScratch::reserve(int64_t head_dim, int64_t value_dim, int64_t unit_bytes) {

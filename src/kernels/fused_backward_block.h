@@ -9,6 +9,7 @@
 
 #include "kernels/problem.h"
 #include "kernels/product_unit.h"
+#include "kernels/transpose_bits.h"
 #include "mask/block_map.h"
 #include "mask/tile_mask.h"
 
@@ -111,8 +112,5 @@ struct RowDelta {
 };
 RowDelta row_delta_of(const float* dout, const float* o, int64_t value_dim, const float* q,
                       int64_t head_dim);
-
-// out[r] bit c = in[c] bit r, for a 64 × 64 bit matrix (rows of a partial tile's mask).
-void transpose_bits(uint64_t* bits);
 
 }  // namespace maskattn::detail::fused

@@ -385,7 +385,7 @@ void Scratch::reserve(int64_t head_dim, int64_t value_dim, int64_t unit_bytes) {
                            {&poisoned, kTileQ},
                            {&unit_floats, (unit_bytes_ + 3) / 4}});
   unit = unit_floats;
-  bits_.assign(kTileQ + kTileK + 2 * kTileK, 0);
+  bits_.assign(kTileQ + 3 * kTileK, 0);
   allowed = bits_.data();
   keep = allowed + kTileQ + kTileK;
 }
