@@ -13,6 +13,7 @@ PyTorch drop-ins with autograd: ``maskattn.torch``; the Hugging Face attention b
 from ._core import Error, Mask, Program, ScoreMods, UNBOUNDED, gpt_loss_and_gradients
 from ._api import (
     allowed_pairs,
+    any_allowed,
     attention,
     attention_backward,
     attention_scores,
@@ -67,6 +68,7 @@ __all__ = [
     "ScoreMods",
     "UNBOUNDED",
     "allowed_pairs",
+    "any_allowed",
     "attention",
     "attention_backward",
     "attention_scores",

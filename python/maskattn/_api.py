@@ -27,6 +27,7 @@ __all__ = [
     "attention_backward",
     "merge_partials",
     "allowed_pairs",
+    "any_allowed",
     "block_map",
     "attention_weights",
     "attention_scores",
@@ -168,6 +169,7 @@ def attention_backward(
     return_mod_grads=False,
     frame=None,
     return_table_grads=False,
+    float32_grads=False,
 ):
     """Gradients (dq, dk, dv) of a loss given dout = ∂L/∂O, from what :func:`attention` returned.
 
@@ -180,6 +182,9 @@ def attention_backward(
     and dbias the gradient of the whole bias (zero outside the slice). With
     ``return_table_grads=True`` one more element follows: {table name: ∂L/∂table} (float32, the
     table's shape) for each float32 table of ``mods.program`` (empty without a program).
+    ``float32_grads=True`` returns dq, dk, dv in float32 whatever the inputs' dtype: the gradients
+    of one slice, unrounded, to be summed over slices and rounded once (as ``out=`` may be float32
+    for :func:`merge_partials`).
     """
     scale = check_mask_mods_scale(mask, mods, scale)
     views, element = input_views(
@@ -189,7 +194,9 @@ def attention_backward(
     lse_view, _ = core_view(lse, "lse", "")
     shapes = [rank4_shape(x, n, a) for x, n, a in zip(
         (qb, kb, vb), ("q", "k", "v"), ("[B,Hq,Lq,D]", "[B,Hkv,Lk,D]", "[B,Hkv,Lk,Dv]"))]
-    grads, grad_views = zip(*(new_output(like, shape, layout) for like, shape in zip((q, k, v), shapes)))
+    grad_dtype = "float32" if float32_grads else None
+    grads, grad_views = zip(*(new_output(like, shape, layout, grad_dtype)
+                              for like, shape in zip((q, k, v), shapes)))
     dbias = dsinks = None
     if mods is not None:
         bias = mods.bias
@@ -260,6 +267,18 @@ def allowed_pairs(mask, batch=1, q_heads=1, q_len=None, k_len=None, *, b=None, h
         raise Error("allowed_pairs needs q_len (and k_len, default q_len)")
     k_len = q_len if k_len is None else k_len
     return _core.allowed_pairs(mask, batch, q_heads, q_len, k_len, b, h)
+
+
+def any_allowed(mask, batch=1, q_heads=1, q_len=None, k_len=None, *, frame=None):
+    """Whether the mask allows any pair of a [B, Hq, Lq, Lk] problem — or, with ``frame=(q_offset,
+    k_offset, q_total, k_total)``, of the slice of a larger problem at those rows (as
+    :func:`attention` evaluates it). Exact, O(tiles) for structured masks: a ring skips the slice
+    pairs for which it is False."""
+    check_mask_mods_scale(mask, None)
+    if q_len is None:
+        raise Error("any_allowed needs q_len (and k_len, default q_len)")
+    k_len = q_len if k_len is None else k_len
+    return _core.any_allowed(mask, batch, q_heads, q_len, k_len, frame_values(frame))
 
 
 def block_map(mask, batch=1, q_heads=1, q_len=None, k_len=None, *, tile_q=64, tile_k=64):

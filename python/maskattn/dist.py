@@ -1,4 +1,5 @@
-"""Ring (context-parallel) attention over MPI: ``maskattn.dist`` (docs/distributed.md).
+"""Ring (context-parallel) attention over MPI or torch.distributed: ``maskattn.dist``
+(docs/distributed.md).
 
 Each MPI process (rank) holds its rows of the sequence — the rows :func:`local_ranges` gives it,
 stacked in that order — and calls :func:`ring_attention` with the same mask and modifiers as
@@ -20,12 +21,20 @@ as ``MPI_Comm_f2c(comm.py2f())``: maskattn needs no mpi4py headers, only the sam
 ("bhld"); NumPy arrays and PyTorch CPU tensors are read in place, as by :func:`maskattn.attention`,
 and the outputs are allocated in the caller's framework. :class:`RingAttention` is the PyTorch
 autograd Function.
+
+``comm`` may also be a ``torch.distributed`` ProcessGroup (gloo) — run with ``torchrun
+--nproc-per-node P script.py`` —: the same ring, written in Python over point-to-point
+``torch.distributed`` messages (_torch_ring), on torch CPU tensors. ``comm=None`` is the default
+group when torch.distributed is initialised, else mpi4py's COMM_WORLD.
 """
 
 from __future__ import annotations
 
+import sys
+
 from . import _api, _core
 from ._arrays import Error, core_view, empty_like_framework, is_torch, new_output, threads_arg
+from ._ring_plan import LAYOUTS, checked_layout  # noqa: F401  (LAYOUTS: dist.LAYOUTS)
 
 __all__ = [
     "local_ranges",
@@ -36,16 +45,40 @@ __all__ = [
     "has_mpi",
 ]
 
-LAYOUTS = ("zigzag", "contiguous")
-
 #: Whether this build of maskattn has the MPI ring (``local_ranges`` and ``shard`` work without).
 has_mpi = bool(_core.has_mpi)
 
 
 def _layout(layout) -> str:
-    if not isinstance(layout, str) or layout not in LAYOUTS:
-        raise Error(f"layout must be 'zigzag' or 'contiguous', got {layout!r}")
-    return layout
+    return checked_layout(layout)
+
+
+def _torch_distributed_initialised() -> bool:
+    # Only a process that imported torch.distributed can have initialised it: maskattn does not
+    # import torch for MPI users.
+    module = sys.modules.get("torch.distributed")
+    return module is not None and module.is_available() and module.is_initialized()
+
+
+def _is_torch_group(comm) -> bool:
+    if sys.modules.get("torch.distributed") is None:
+        return False
+    from . import _torch_dist
+
+    return _torch_dist.is_process_group(comm) or _torch_dist.is_non_member(comm)
+
+
+def _transport(comm):
+    """("torch", a torch.distributed ProcessGroup) or ("mpi", an mpi4py communicator), by the
+    type of ``comm``. ``comm=None``: torch.distributed's default group when it is initialised
+    (under torchrun, mpi4py's COMM_WORLD would be a world of one), else mpi4py's COMM_WORLD."""
+    if comm is None and _torch_distributed_initialised():
+        from . import _torch_dist
+
+        return "torch", _torch_dist.default_group()
+    if comm is not None and _is_torch_group(comm):
+        return "torch", comm
+    return "mpi", _communicator(comm)
 
 
 def _communicator(comm):
@@ -55,15 +88,25 @@ def _communicator(comm):
             from mpi4py import MPI
         except ImportError as missing:
             raise Error(
-                "comm=None needs mpi4py (pip install mpi4py) for MPI.COMM_WORLD; pass an mpi4py "
-                "communicator"
+                "comm=None needs mpi4py (pip install mpi4py) for MPI.COMM_WORLD, or "
+                "torch.distributed initialised (init_process_group) for its default group; pass "
+                "an mpi4py communicator or a torch.distributed ProcessGroup"
             ) from missing
         return MPI.COMM_WORLD
     for method in ("py2f", "Get_rank", "Get_size", "allreduce"):
         if not callable(getattr(comm, method, None)):
-            raise Error(f"comm must be an mpi4py communicator (mpi4py.MPI.Comm), got "
-                        f"{type(comm).__name__}")
+            raise Error(f"comm must be an mpi4py communicator (mpi4py.MPI.Comm) or a "
+                        f"torch.distributed ProcessGroup, got {type(comm).__name__}")
     return comm
+
+
+def _rank_and_world(comm, who: str):
+    transport, comm = _transport(comm)
+    if transport == "torch":
+        from . import _torch_dist
+
+        return _torch_dist.rank_and_world(comm, who)
+    return comm.Get_rank(), comm.Get_size()
 
 
 def _require_mpi(function: str) -> None:
@@ -78,20 +121,21 @@ def local_ranges(length, layout="zigzag", *, rank=None, world=None, comm=None):
     """The global rows [(first, end), ...] rank ``rank`` of ``world`` holds of a sequence of
     ``length`` rows: one range (contiguous) or two (zigzag: chunks r and 2P-1-r of 2P), in the
     order they are stacked locally. Use them to place RoPE positions. ``rank`` and ``world``
-    default to ``comm``'s (mpi4py's COMM_WORLD when both are None)."""
+    default to ``comm``'s (an mpi4py communicator or a torch.distributed ProcessGroup; None: as
+    for :func:`ring_attention`)."""
     layout = _layout(layout)
     if rank is None or world is None:
-        comm = _communicator(comm)
-        rank = comm.Get_rank() if rank is None else rank
-        world = comm.Get_size() if world is None else world
+        comm_rank, comm_world = _rank_and_world(comm, "local_ranges")
+        rank = comm_rank if rank is None else rank
+        world = comm_world if world is None else world
     return [tuple(r) for r in _core.local_ranges(int(length), layout, int(rank), int(world))]
 
 
 def shard(x, comm=None, *, layout="zigzag", axis=2):
     """This rank's rows of a global array ``x`` along ``axis`` (2: L of [B, H, L, D]), stacked as
     :func:`ring_attention` expects them. A copy when the rows are two ranges (zigzag)."""
-    comm = _communicator(comm)
-    ranges = local_ranges(x.shape[axis], layout, rank=comm.Get_rank(), world=comm.Get_size())
+    rank, world = _rank_and_world(comm, "shard")
+    ranges = local_ranges(x.shape[axis], layout, rank=rank, world=world)
     index = [slice(None)] * x.ndim
     pieces = []
     for first, end in ranges:
@@ -136,10 +180,17 @@ def ring_attention(q, k, v, mask=None, mods=None, *, comm=None, layout="zigzag",
     ``mask`` and ``mods`` describe the whole problem and must be the same on every rank.
     ``q_len``/``k_len``: the global lengths (default: the sum over ranks, one allreduce).
     Returns out [B, Hq, nq, Dv] (and lse [B, Hq, nq] float32 with ``return_lse``). Collective:
-    every rank of ``comm`` must call it; an error on any rank is raised on every rank.
+    every rank of ``comm`` must call it; an error on any rank is raised on every rank. ``comm``:
+    an mpi4py communicator, or a torch.distributed ProcessGroup (gloo; torch CPU tensors).
     """
+    transport, comm = _transport(comm)
+    if transport == "torch":
+        from . import _torch_ring
+
+        return _torch_ring.ring_attention(
+            comm, q, k, v, mask, mods, layout=layout, q_len=q_len, k_len=k_len, scale=scale,
+            dtype=dtype, threads=threads, return_lse=return_lse, kernel=kernel, products=products)
     layout = _layout(layout)
-    comm = _communicator(comm)
     _require_mpi("ring_attention")
 
     def prepare():
@@ -170,8 +221,14 @@ def ring_attention_backward(q, k, v, out, lse, dout, mask=None, mods=None, *, co
     """(dq, dk, dv) of this rank's rows, given dout = ∂L/∂O of its rows and the ``out`` and
     ``lse`` that :func:`ring_attention` returned for them. dk and dv are the gradients of this
     rank's key rows, summed over every rank's queries. Collective, like the forward."""
+    transport, comm = _transport(comm)
+    if transport == "torch":
+        from . import _torch_ring
+
+        return _torch_ring.ring_attention_backward(
+            comm, q, k, v, out, lse, dout, mask, mods, layout=layout, q_len=q_len, k_len=k_len,
+            scale=scale, dtype=dtype, threads=threads, kernel=kernel, products=products)
     layout = _layout(layout)
-    comm = _communicator(comm)
     _require_mpi("ring_attention_backward")
 
     def prepare():
@@ -202,7 +259,8 @@ def _make_autograd_function():
     class RingAttention(torch.autograd.Function):
         """``out = RingAttention.apply(q, k, v, mask, mods, comm, layout)`` on this rank's rows
         (torch tensors, [B, H, n, D]); ``out.backward()`` runs :func:`ring_attention_backward`
-        around the same ring. Every rank must run the forward and the backward."""
+        around the same ring. ``comm``: an mpi4py communicator or a torch.distributed
+        ProcessGroup. Every rank must run the forward and the backward."""
 
         @staticmethod
         def forward(ctx, q, k, v, mask=None, mods=None, comm=None, layout="zigzag"):

@@ -1,8 +1,9 @@
-// Inspection from Python: the allowed pairs and block map of a mask, the materialised weights and
-// scores, gradcheck, and what this CPU offers.
+// Inspection from Python: the allowed pairs and block map of a mask, whether a slice of the problem
+// has any allowed pair, the materialised weights and scores, gradcheck, and what this CPU offers.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <optional>
 #include <string>
@@ -70,6 +71,18 @@ nb::dict cpu_info() {
   return info;
 }
 
+// Whether a [B, Hq, Lq, Lk] problem, or with a frame that slice of a larger one, has any pair the
+// mask allows (a ring's plan skips the slices where it has none).
+bool any_allowed_binding(const Mask* mask, int64_t batch, int64_t q_heads, int64_t q_len,
+                         int64_t k_len, const std::optional<std::vector<int64_t>>& frame) {
+  bool allowed = false;
+  compute_released(mask, nullptr, [&] {
+    allowed =
+        any_allowed(mask_or_none(mask), MaskShape{batch, q_heads, q_len, k_len}, frame_of(frame));
+  });
+  return allowed;
+}
+
 }  // namespace
 
 void bind_inspection(nb::module_& m) {
@@ -103,6 +116,8 @@ void bind_inspection(nb::module_& m) {
       },
       arg("mask").none(), arg("batch"), arg("q_heads"), arg("q_len"), arg("k_len"), arg("tile_q"),
       arg("tile_k"));
+  m.def("any_allowed", &any_allowed_binding, arg("mask").none(), arg("batch"), arg("q_heads"),
+        arg("q_len"), arg("k_len"), arg("frame").none());
   m.def(
       "attention_weights",
       [](const InputArray& q, const InputArray& k, const OutputArray& weights, const Mask* mask,

@@ -226,3 +226,21 @@ def test_framed_slices_merged_equal_the_whole_call(rng):
         np.testing.assert_allclose(dq_sum, dq_full[:, :, q0:q1], rtol=0, atol=2e-5)
     np.testing.assert_allclose(dk_sum, dk_full, rtol=0, atol=2e-5)
     np.testing.assert_allclose(dv_sum, dv_full, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_float32_grads_are_the_gradients_before_rounding(rng, dtype):
+    """float32_grads=True: the same gradients as float32 arrays, which the default call rounds to
+    the inputs' dtype (bit for bit: rounding them gives the default call's values)."""
+    q, k, v = (torch.from_numpy(x).to(getattr(torch, dtype))
+               for x in random_inputs(rng, B, HQ, HKV, 9, 9, D))
+    mask = ma.Mask().causal()
+    out, lse = ma.attention(q, k, v, mask, return_lse=True)
+    dout = torch.ones_like(out)
+    rounded = ma.attention_backward(q, k, v, out, lse, dout, mask)
+    unrounded = ma.attention_backward(q, k, v, out, lse, dout, mask, float32_grads=True)
+    for name, low, high in zip(("dq", "dk", "dv"), rounded, unrounded):
+        assert low.dtype == getattr(torch, dtype) and high.dtype == torch.float32, name
+        assert torch.equal(high.to(low.dtype), low), name
+    if dtype == "bfloat16":  # the float32 values carry more than the rounded ones
+        assert any(not torch.equal(high, low.float()) for low, high in zip(rounded, unrounded))

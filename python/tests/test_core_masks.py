@@ -381,3 +381,25 @@ def test_block_map_matches_tiles_of_the_allowed_pairs(name):
         np.testing.assert_array_equal(tiles[tiles != 2], expected[tiles != 2])
         assert (tiles == 0).any()  # it still skips something
     assert ma.block_map(mask, B, HQ, 11).shape == (B, HQ, 1, 1)  # default 64 x 64 tiles
+
+
+# --- any_allowed --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", BLOCK_MAP_MASKS)
+def test_any_allowed_says_whether_a_slice_holds_an_allowed_pair(name):
+    """any_allowed on every slice [q0, q1) × [k0, k1) of an 11 × 11 problem (the frame puts it at
+    its global rows) against the slice of allowed_pairs; without a frame, the whole problem."""
+    mask = BLOCK_MAP_MASKS[name][0]()
+    allowed = ma.allowed_pairs(mask, B, HQ, 11, 11).astype(bool)
+    cuts = (0, 2, 5, 6, 11)
+    answers = set()
+    for q0, q1 in zip(cuts, cuts[1:]):
+        for k0, k1 in zip(cuts, cuts[1:]):
+            expected = bool(allowed[:, :, q0:q1, k0:k1].any())
+            answer = ma.any_allowed(mask, B, HQ, q1 - q0, k1 - k0, frame=(q0, k0, 11, 11))
+            assert answer is expected, (name, q0, k0)
+            answers.add(answer)
+    assert answers == {True, False}  # each mask has both kinds of slice here
+    assert ma.any_allowed(mask, B, HQ, 11) is True
+    assert ma.any_allowed(ma.Mask().key_lengths([0, 0]), B, HQ, 11) is False

@@ -475,6 +475,12 @@ EXAMPLE_OUTPUT = {
     "hf_generate.py": "same tokens: True",
     "packed_documents.py": "no token saw another document",
     "flex_catalogue.py": "every entry matches FlexAttention's definition",
+    "train_decoder_ring_torchrun.py": "largest |ring − one process| loss difference",
+}
+# Scripts that run under a launcher (`torchrun --nproc-per-node 3 script`), not as `python script`.
+EXAMPLE_LAUNCHER = {
+    "train_decoder_ring_torchrun.py": ["-m", "torch.distributed.run", "--standalone",
+                                       "--nproc-per-node", "3"],
 }
 
 
@@ -486,7 +492,7 @@ def test_example_runs(script):
     package_root = pathlib.Path(maskattn.__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(package_root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    result = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env,
-                            timeout=120)
+    command = [sys.executable, *EXAMPLE_LAUNCHER.get(script, []), str(path)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert EXAMPLE_OUTPUT[script] in result.stdout, result.stdout
