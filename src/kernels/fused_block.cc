@@ -228,16 +228,17 @@ void FusedScoresAndWeights(const Context& c, const Block& blk, int64_t k_tile, T
   c.unit->raw_softmax_step(c, rows, scratch);
 }
 
-// Attention dropout on the tile's weights Pᵀ[j][i] (after the softmax step, whose l counts every
-// weight: dropout acts on the normalised weights): dropped pairs get 0, so P·V skips them; the
-// kept ones are scaled by 1/(1 − p') once, in Finalize. Bits from the pairs' global rows.
-void DropTileWeights(const Context& c, const Block& blk, int64_t j0, int64_t rows,
-                     Scratch& scratch) {
+// Attention dropout's keep bits of the tile, per key over the block's queries (scratch.keep), from
+// the pairs' global rows. The softmax step stores only the kept weights but sums all of them
+// (dropout acts on the normalised weights); P·V then skips the dropped pairs, and the kept ones are
+// scaled by 1/(1 − p') once, in Finalize.
+const uint64_t* TileKeepBits(const Context& c, const Block& blk, int64_t j0, Scratch& scratch) {
   const Problem& p = *c.problem;
+  if (!p.dropout.on) return nullptr;
   const auto bh = static_cast<uint32_t>(blk.b * p.q_heads + blk.h);
   DropoutColumnBitsAt(p.dropout, bh, blk.q_first + p.mask->q_origin(), blk.q_count,
                       j0 + p.mask->k_origin(), scratch.keep);
-  ApplyDropoutRows(scratch.keep, rows, 1.0f, scratch.s);
+  return scratch.keep;
 }
 
 // One key tile of a block: scores, modifiers, mask, one online-softmax step, O += P·V. A partial
@@ -269,8 +270,8 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
     ApplyMask(allowed, active != nullptr ? *active : AllRows(rows), scratch.s);
   SoftmaxStepColumns<kTileQ>(scratch.s, rows, scratch.row_max, scratch.row_sum, scratch.alpha,
                              scratch.poisoned, active != nullptr ? active->first : nullptr,
-                             active != nullptr ? active->end : nullptr, kLaneBlock);
-  if (p.dropout.on) DropTileWeights(c, blk, j0, rows, scratch);
+                             active != nullptr ? active->end : nullptr, kLaneBlock,
+                             TileKeepBits(c, blk, j0, scratch));
   const bool finite = ValueTileFinite(c, blk.b, g, k_tile, j0, rows, scratch.v);
   TileOutput(c, blk, g, j0, rows, finite, active, scratch);
 }

@@ -56,6 +56,16 @@ HWY_INLINE hn::Mask<DF> LanesFromBits(DF df, uint64_t bits, size_t first) {
   return hn::RebindMask(df, hn::Ne(hn::And(chunk, lane_bit), hn::Zero(du)));
 }
 
+// Lane l of the result is set iff bit (first + l) of `bits` is; `first` a multiple of the lane
+// count. With 8 or more lanes the bits load straight into the mask (no per-lane work).
+template <class DF>
+HWY_INLINE hn::Mask<DF> LanesKept(DF df, const uint64_t& bits, size_t first) {
+  if (hn::Lanes(df) >= 8) {
+    return hn::LoadMaskBits(df, reinterpret_cast<const uint8_t*>(&bits) + first / 8);
+  }
+  return LanesFromBits(df, bits, first);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace maskattn::detail::fused
 HWY_AFTER_NAMESPACE();

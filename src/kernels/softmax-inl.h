@@ -75,11 +75,15 @@ HWY_INLINE hn::Mask<DF> PoisonedScores(DF df, VF s) {
 // and output are rescaled) are updated per query, poisoned set for rows that met NaN or +inf.
 // With `first`/`end`, queries [c·block, (c+1)·block) read only key rows [first[c], end[c]): the
 // others are hidden for all of them, so they would add weights of exactly 0 (and change no max).
+// With `keep` (attention dropout, kernels/dropout-inl.h: bit i of keep[j], query i kept for key
+// j), the sum counts every weight and the weights stored are the kept ones: dropout acts on the
+// normalised weights, so its zeros must not reach the denominator.
 template <int64_t kLanes>
 HWY_INLINE void SoftmaxStepColumns(float* HWY_RESTRICT s, int64_t rows, float* HWY_RESTRICT row_max,
                                    float* HWY_RESTRICT row_sum, float* HWY_RESTRICT alpha,
                                    float* HWY_RESTRICT poisoned, const int64_t* first = nullptr,
-                                   const int64_t* end = nullptr, int64_t block = kLanes) {
+                                   const int64_t* end = nullptr, int64_t block = kLanes,
+                                   const uint64_t* keep = nullptr) {
   using DF = hn::ScalableTag<float>;
   const DF df;
   const size_t N = hn::Lanes(df);
@@ -99,7 +103,8 @@ HWY_INLINE void SoftmaxStepColumns(float* HWY_RESTRICT s, int64_t rows, float* H
     auto sum = hn::Zero(df);
     for (int64_t j = j_first; j < j_end; ++j) {
       const auto w = ExpNonPositive(df, hn::Sub(hn::LoadU(df, s + j * kLanes + i), m_used));
-      hn::StoreU(w, df, s + j * kLanes + i);
+      hn::StoreU(keep != nullptr ? hn::IfThenElseZero(LanesKept(df, keep[j], i), w) : w, df,
+                 s + j * kLanes + i);
       sum = hn::Add(sum, w);
     }
     hn::StoreU(hn::MulAdd(a, hn::LoadU(df, row_sum + i), sum), df, row_sum + i);
