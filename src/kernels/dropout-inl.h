@@ -120,23 +120,27 @@ HWY_INLINE void DropoutKeyColumns(const DropoutRule& rule, uint32_t bh, int64_t 
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const auto m0 = hn::Set(d32, kPhiloxM0), m1 = hn::Set(d32, kPhiloxM1);
   const auto threshold = hn::Set(d16, static_cast<uint16_t>(rule.threshold));
-  const uint32_t column0 = dropout_counter_column(kv0);
-  constexpr int kInFlight = 4;
+  constexpr int kInFlight = 4;  // query groups of one instance, in flight
   const uint32_t nibble_bits =
       static_cast<uint32_t>((uint64_t{1} << (4 * lanes)) - 1) & 0x11111111u;
-  for (int64_t i = 0; i < q_count; i += lanes) {
-    const uint64_t in_range =
-        q_count - i >= lanes ? ~uint64_t{0} : (uint64_t{1} << (q_count - i)) - 1;
-    for (int o0 = 0; o0 < 8; o0 += kInFlight) {
+  // Round 1 has no lane-dependent product here (column, b·Hq + h and offset are the same in every
+  // lane; only q differs, and it enters by XOR): it runs once, in scalars.
+  const uint64_t head_product = uint64_t{kPhiloxM1} * bh;
+  const uint32_t round1_x0 = static_cast<uint32_t>(head_product >> 32) ^ rule.key0;
+  for (int o = 0; o < 8; ++o) {
+    const uint64_t column_product = uint64_t{kPhiloxM0} * (dropout_counter_column(kv0) + o);
+    uint64_t kept_keys[8] = {};  // keys 4o + t, then 32 + 4o + t: their query bits
+    for (int64_t i = 0; i < q_count; i += kInFlight * lanes) {
       VU64 x[kInFlight][4];
       for (int r = 0; r < kInFlight; ++r) {
-        x[r][0] = hn::Set(d, column0 + o0 + r);
-        x[r][1] = hn::Iota(d, static_cast<uint64_t>(static_cast<uint32_t>(q0 + i)));
-        x[r][2] = hn::Set(d, bh);
-        x[r][3] = hn::Set(d, rule.offset);
+        const auto q = static_cast<uint32_t>(q0 + i + r * lanes);
+        x[r][0] = hn::Xor(hn::Iota(d, q), hn::Set(d, round1_x0));
+        x[r][1] = hn::Set(d, static_cast<uint32_t>(head_product));
+        x[r][2] = hn::Set(d, static_cast<uint32_t>(column_product >> 32) ^ rule.offset ^ rule.key1);
+        x[r][3] = hn::Set(d, static_cast<uint32_t>(column_product));
       }
-      uint32_t k0 = rule.key0, k1 = rule.key1;
-      for (int round = 0; round < kPhiloxRounds; ++round) {
+      uint32_t k0 = rule.key0 + kPhiloxW0, k1 = rule.key1 + kPhiloxW1;
+      for (int round = 1; round < kPhiloxRounds; ++round) {
         const VU64 key0 = hn::Set(d, k0), key1 = hn::Set(d, k1);
         for (int r = 0; r < kInFlight; ++r) {
           const VU64 p0 = hn::MulEven(hn::BitCast(d32, x[r][0]), m0);
@@ -149,7 +153,12 @@ HWY_INLINE void DropoutKeyColumns(const DropoutRule& rule, uint32_t bh, int64_t 
         k0 += kPhiloxW0;
         k1 += kPhiloxW1;
       }
-      for (int r = 0; r < kInFlight; ++r) {
+      for (int r = 0; r < kInFlight && i + r * lanes < q_count; ++r) {
+        const int64_t first = i + r * lanes;
+        const uint32_t in_range =
+            q_count - first >= lanes
+                ? ~uint32_t{0}
+                : static_cast<uint32_t>((uint64_t{1} << (q_count - first)) - 1);
         const auto low = hn::BitCast(d16, hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x[r][1])),
                                                       hn::BitCast(d32, x[r][0])));
         const auto high = hn::BitCast(d16, hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x[r][3])),
@@ -159,12 +168,15 @@ HWY_INLINE void DropoutKeyColumns(const DropoutRule& rule, uint32_t bh, int64_t 
                           reinterpret_cast<uint8_t*>(&kept_low));
         hn::StoreMaskBits(d16, hn::Eq(hn::SaturatedSub(threshold, high), hn::Zero(d16)),
                           reinterpret_cast<uint8_t*>(&kept_high));
-        const int o = o0 + r;
         for (int t = 0; t < 4; ++t) {
-          keep[4 * o + t] |= (_pext_u32(kept_low, nibble_bits << t) & in_range) << i;
-          keep[32 + 4 * o + t] |= (_pext_u32(kept_high, nibble_bits << t) & in_range) << i;
+          kept_keys[t] |= uint64_t{_pext_u32(kept_low, nibble_bits << t) & in_range} << first;
+          kept_keys[4 + t] |= uint64_t{_pext_u32(kept_high, nibble_bits << t) & in_range} << first;
         }
       }
+    }
+    for (int t = 0; t < 4; ++t) {
+      keep[4 * o + t] = kept_keys[t];
+      keep[32 + 4 * o + t] = kept_keys[4 + t];
     }
   }
 }
