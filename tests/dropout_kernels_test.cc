@@ -136,8 +136,10 @@ Outputs naive(const RandomProblem& p, DType dtype, const Mask& mask, const Dropo
 // The rule, per output: max |fused − reference| ≤ 2·max |naive − reference| + 1e-6, the reference
 // being the f64 kernel with the same dropout on the same rounded inputs. The LSE is the undropped
 // one: the reference's without dropout.
+// `slack`: an allowance relative to the largest exact value (the half-precision backward's; see
+// BackwardHalfPrecision).
 void expect_within_rule(const RandomProblem& p, DType dtype, const Mask& mask,
-                        const std::string& what, bool backward) {
+                        const std::string& what, bool backward, float slack = 0.0f) {
   const std::vector<float> dout = test::random_values(p.B * p.Hq * p.Lq * p.Dv, p.q.size() + 3);
   const Outputs fused =
       run(p, dtype, mask, with(kDropout, Kernel::fused), backward ? &dout : nullptr);
@@ -154,7 +156,9 @@ void expect_within_rule(const RandomProblem& p, DType dtype, const Mask& mask,
   for (const auto& [name, field] : fields) {
     const float naive_error = max_error(plain.*field, exact.*field);
     const float fused_error = max_error(fused.*field, exact.*field);
-    EXPECT_LE(fused_error, 2 * naive_error + 1e-6f)
+    float largest = 0.0f;
+    for (const float x : exact.*field) largest = std::max(largest, std::fabs(x));
+    EXPECT_LE(fused_error, 2 * naive_error + 1e-6f + slack * largest)
         << what << " " << name << " " << dtype_name(dtype) << ": fused " << fused_error
         << ", naive " << naive_error;
   }
@@ -179,6 +183,21 @@ TEST(DropoutSweep, ForwardHalfPrecision) {
   test::for_each_half_precision_case(
       [](const RandomProblem& p, DType dtype, const Mask& mask, const std::string& what) {
         expect_within_rule(p, dtype, mask, what, false);
+      });
+}
+
+// The rule plus 2^-8 of the largest gradient, as backward_test.cc's unit sweep allows: the fused
+// backward computes D_i = Σ dO·O from the forward's output rounded to the dtype (as FlashAttention
+// does), where the naive backward keeps its own f32 O; with dropout's 1/(1 − p') larger weights
+// that alone can exceed twice the naive error on these small shapes (measured up to 4.4×). Masks
+// with global tokens are left to the f32 sweep: a key every query sees sums every row's rounded-
+// output error into its dK (measured 4.4× the naive error for bf16, above this slack), which
+// backward_test.cc bounds with a per-key allowance of its own (rounded_output_slack).
+TEST(DropoutSweep, BackwardHalfPrecision) {
+  test::for_each_half_precision_case(
+      [](const RandomProblem& p, DType dtype, const Mask& mask, const std::string& what) {
+        if (what.find("global") != std::string::npos) return;
+        expect_within_rule(p, dtype, mask, what, true, 1.0f / 256);
       });
 }
 
