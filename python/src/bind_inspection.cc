@@ -4,6 +4,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -107,16 +108,20 @@ void bind_inspection(nb::module_& m) {
       "attention_weights",
       [](const InputArray& q, const InputArray& k, const OutputArray& weights, const Mask* mask,
          const ScoreMods* mods, std::optional<double> scale, int threads, const std::string& kernel,
-         const std::string& element) {
+         const std::string& element, double dropout_p, uint64_t dropout_seed,
+         uint64_t dropout_offset) {
         const TensorView qv = input_view(q, "q", element), kv = input_view(k, "k", element);
         const MutableTensorView wv = output_view(weights, "weights", "");
-        const Options options = options_of(scale, threads, kernel, "auto", false);
+        Options options = options_of(scale, threads, kernel, "auto", false);
+        // With dropout: the dropped pairs 0, the kept ones scaled by 1/(1 − p').
+        options.dropout = Dropout{dropout_p, dropout_seed, dropout_offset};
         compute_released(mask, mods, [&] {
           attention_weights(qv, kv, wv, mask_or_none(mask), mods_or_none(mods), options);
         });
       },
       arg("q"), arg("k"), arg("weights"), arg("mask").none(), arg("mods").none(),
-      arg("scale").none(), arg("threads"), arg("kernel"), arg("element"));
+      arg("scale").none(), arg("threads"), arg("kernel"), arg("element"), arg("dropout_p") = 0.0,
+      arg("dropout_seed") = 0, arg("dropout_offset") = 0);
   m.def(
       "attention_scores",
       [](const InputArray& q, const InputArray& k, const OutputArray& scores, bool final,
