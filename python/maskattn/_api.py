@@ -134,11 +134,11 @@ def attention(
 
     ``dropout_p``: attention dropout — each allowed pair is dropped with probability dropout_p
     after the softmax, the kept weights scaled by 1/(1 - dropout_p), as a pure function of
-    (``dropout_seed``, ``dropout_offset``, b, h, q, kv) (docs/semantics.md §17): the same seed
-    and offset give the same pairs in :func:`attention_backward` and :func:`attention_weights`,
-    for any thread count and kernel. LSE stays the undropped one. Without a seed, torch tensors
-    draw one from PyTorch's default generator (``torch.manual_seed`` reproduces the call);
-    NumPy arrays need ``dropout_seed``.
+    (``dropout_seed``, ``dropout_offset``, b, h, q, kv) (include/maskattn/attention.h: Dropout):
+    the same seed and offset give the same pairs in :func:`attention_backward` and
+    :func:`attention_weights`, for any thread count and kernel. LSE stays the undropped one.
+    Without a seed, torch tensors draw one from PyTorch's default generator
+    (``torch.manual_seed`` reproduces the call); NumPy arrays need ``dropout_seed``.
     """
     scale = check_mask_mods_scale(mask, mods, scale)
     dropout = seed_for(checked_dropout(dropout_p, dropout_seed, dropout_offset), is_torch(q),

@@ -1,9 +1,9 @@
 """Attention dropout's arguments: checking them, and where a seed comes from when none is given.
 
 maskattn drops each allowed pair (b, h, q, kv) with probability ``dropout_p`` as a pure function
-of (seed, offset, b, h, q, kv) (docs/semantics.md §17). The seed therefore *is* the dropout: a
-forward, its backward and ``attention_weights`` given the same seed and offset drop the same
-pairs, on any thread count and with either kernel. Nothing else is stored.
+of (seed, offset, b, h, q, kv) (include/maskattn/attention.h: Dropout). The seed therefore *is*
+the dropout: a forward, its backward and ``attention_weights`` given the same seed and offset
+drop the same pairs, on any thread count and with either kernel. Nothing else is stored.
 
 Where a missing seed comes from:
 

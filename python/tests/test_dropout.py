@@ -1,9 +1,9 @@
 """Attention dropout from Python: exactness, reproducibility, statistics and gradients.
 
 maskattn drops each allowed pair as a pure function of (seed, offset, b, h, q, kv)
-(docs/semantics.md §17); ``attention_weights`` with the same dropout returns the weights the
-output was computed with, P∘Z/(1 - p'), 0 where a pair was dropped. The tests read the dropped
-pairs Z from there and check everything else against an independent computation:
+(include/maskattn/attention.h: Dropout); ``attention_weights`` with the same dropout returns the
+weights the output was computed with, P∘Z/(1 - p'), 0 where a pair was dropped. The tests read
+the dropped pairs Z from there and check everything else against an independent computation:
 
 * exactness: the forward and the backward against PyTorch's float64 math applied with the same
   Z (conftest's ``torch_attention(dropout=…)``), by the rule max|maskattn − f64| ≤
@@ -25,7 +25,8 @@ torch = pytest.importorskip("torch")
 
 import maskattn as ma  # noqa: E402
 import maskattn.torch as mt  # noqa: E402
-from conftest import as_f64, assert_within_rule, random_inputs, round_to, torch_attention  # noqa: E402
+from conftest import (as_f64, assert_within_rule, random_inputs, round_to,  # noqa: E402
+                      torch_attention)
 
 B, HQ, HKV, D, K_LEN = 2, 4, 2, 16, 96
 P, SEED = 0.3, 0x5EED_0F_D80
@@ -165,7 +166,7 @@ def test_scores_show_no_dropout(rng):
     assert np.isfinite(scores).sum() == 2 * sum(min(30, 18 + i + 1) for i in range(12))
 
 
-# --- the autograd path -----------------------------------------------------------------------------
+# --- the autograd path ---------------------------------------------------------------------------
 
 def test_torch_attention_matches_the_numpy_calls_forward_and_backward(rng):
     q, k, v = random_inputs(rng, B, HQ, HKV, 80, K_LEN, D)

@@ -127,7 +127,7 @@ def test_sdpa_attention_and_the_numpy_call_draw_alike():
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_keep_rate_is_one_minus_p_within_three_sigma(p):
-    """2·4·(256·257/2) = 263,168 allowed pairs: σ of the kept fraction is √(p(1−p)/n) ≤ 1e-3."""
+    """2·4·(256·257/2) = 263,168 allowed pairs: σ of the kept fraction, √(p(1−p)/n), ≤ 1e-3."""
     q, k, _ = torch_inputs(5, 256, 256)
     mask = ma.Mask().causal()
     weights = ma.attention_weights(q, k, mask, dropout_p=p, dropout_seed=31337)
