@@ -51,9 +51,8 @@ void backward_binding(const InputArray& q, const InputArray& k, const InputArray
                       const std::optional<OutputArray>& dsinks, const nb::list& dtables,
                       const Mask* mask, const ScoreMods* mods, std::optional<double> scale,
                       int threads, const std::string& kernel, const std::string& products,
-                      const std::string& element,
-                      const std::optional<std::vector<int64_t>>& frame, double dropout_p,
-                      uint64_t dropout_seed, uint64_t dropout_offset) {
+                      const std::string& element, const std::optional<std::vector<int64_t>>& frame,
+                      double dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) {
   const TensorView qv = input_view(q, "q", element), kv = input_view(k, "k", element),
                    vv = input_view(v, "v", element), ov = input_view(out, "out", element),
                    lv = input_view(lse, "lse", ""), dov = input_view(dout, "dout", element);
