@@ -16,11 +16,13 @@ from ._arrays import (
     core_view,
     element_tag,
     empty_like_framework,
+    is_torch,
     new_output,
     threads_arg,
     to_bhld,
     writable_output,
 )
+from ._dropout import backward_seed, checked_dropout, seed_for
 
 __all__ = [
     "attention",
@@ -113,6 +115,9 @@ def attention(
     check_finite=False,
     frame=None,
     count_sinks=True,
+    dropout_p=0.0,
+    dropout_seed=None,
+    dropout_offset=0,
 ):
     """O = softmax(scale·Q·Kᵀ + M)·V with ``mask`` (a :class:`Mask`) and ``mods`` (:class:`ScoreMods`).
 
@@ -127,8 +132,18 @@ def attention(
     merged with :func:`merge_partials` equal one call over the whole problem. ``count_sinks=False``
     leaves ``mods.sinks`` out of this call's denominators: with a split of the keys, count them in
     exactly one part.
+
+    ``dropout_p``: attention dropout — each allowed pair is dropped with probability dropout_p
+    after the softmax, the kept weights scaled by 1/(1 - dropout_p), as a pure function of
+    (``dropout_seed``, ``dropout_offset``, b, h, q, kv) (docs/semantics.md §17):
+    the same seed and offset give the same pairs in :func:`attention_backward` and
+    :func:`attention_weights`, for any thread count and kernel. LSE stays the undropped one.
+    Without a seed, torch tensors draw one from PyTorch's default generator
+    (``torch.manual_seed`` reproduces the call); NumPy arrays need ``dropout_seed``.
     """
     scale = check_mask_mods_scale(mask, mods, scale)
+    dropout = seed_for(checked_dropout(dropout_p, dropout_seed, dropout_offset), is_torch(q),
+                       "attention")
     (qb, kb, vb), element = input_views((q, k, v), ("q", "k", "v"), dtype, layout)
     batch, heads, q_len, _ = rank4_shape(qb, "q", "[B,Hq,Lq,D]")
     rank4_shape(kb, "k", "[B,Hkv,Lk,D]")
@@ -145,7 +160,7 @@ def attention(
         lse_view = core_view(lse, "lse", "")[0]
     _core.attention(
         qb, kb, vb, out_view, mask, mods, lse_view, scale, threads_arg(threads), kernel, products,
-        check_finite, element, frame_values(frame), bool(count_sinks),
+        check_finite, element, frame_values(frame), bool(count_sinks), **dropout.core_args(),
     )
     return (result, lse) if return_lse else result
 
@@ -170,6 +185,9 @@ def attention_backward(
     frame=None,
     return_table_grads=False,
     float32_grads=False,
+    dropout_p=0.0,
+    dropout_seed=None,
+    dropout_offset=0,
 ):
     """Gradients (dq, dk, dv) of a loss given dout = ∂L/∂O, from what :func:`attention` returned.
 
@@ -185,8 +203,11 @@ def attention_backward(
     ``float32_grads=True`` returns dq, dk, dv in float32 whatever the inputs' dtype: the gradients
     of one slice, unrounded, to be summed over slices and rounded once (as ``out=`` may be float32
     for :func:`merge_partials`).
+    With attention dropout, give the forward's ``dropout_p``, ``dropout_seed`` and
+    ``dropout_offset``: the backward regenerates the same dropped pairs (a seed is required).
     """
     scale = check_mask_mods_scale(mask, mods, scale)
+    dropout = backward_seed(checked_dropout(dropout_p, dropout_seed, dropout_offset))
     views, element = input_views(
         (q, k, v, out, dout), ("q", "k", "v", "out", "dout"), dtype, layout
     )
@@ -209,6 +230,7 @@ def attention_backward(
         qb, kb, vb, ob, lse_view, db, *grad_views, dbias, dsinks,
         [core_view(g, "dtables", "")[0] if g is not None else None for g in table_grads.values()],
         mask, mods, scale, threads_arg(threads), kernel, products, element, frame_values(frame),
+        **dropout.core_args(),
     )
     result = (*grads, dbias, dsinks) if return_mod_grads else tuple(grads)
     if return_table_grads:
@@ -292,15 +314,21 @@ def block_map(mask, batch=1, q_heads=1, q_len=None, k_len=None, *, tile_q=64, ti
 
 
 def attention_weights(q, k, mask=None, mods=None, *, scale=None, layout="bhld", dtype=None,
-                      threads=None, kernel="auto"):
+                      threads=None, kernel="auto", dropout_p=0.0, dropout_seed=None,
+                      dropout_offset=0):
     """The softmax weights P [B, Hq, Lq, Lk] (float32) — a debugging tool: it costs Lq·Lk per
-    head. Hidden pairs get exactly 0."""
+    head. Hidden pairs get exactly 0. With ``dropout_p`` (and the seed and offset of an
+    :func:`attention` call), the weights that call multiplied V by: P∘Z/(1 - p'), 0 where a pair
+    was dropped; the seed is chosen as in :func:`attention`."""
     scale = check_mask_mods_scale(mask, mods, scale)
+    dropout = seed_for(checked_dropout(dropout_p, dropout_seed, dropout_offset), is_torch(q),
+                       "attention_weights")
     (qb, kb), element = input_views((q, k), ("q", "k"), dtype, layout)
     batch, heads, q_len, _ = rank4_shape(qb, "q", "[B,Hq,Lq,D]")
     k_len = rank4_shape(kb, "k", "[B,Hkv,Lk,D]")[2]
     weights = empty_like_framework(q, (batch, heads, q_len, k_len), "float32")
-    _core.attention_weights(qb, kb, weights, mask, mods, scale, threads_arg(threads), kernel, element)
+    _core.attention_weights(qb, kb, weights, mask, mods, scale, threads_arg(threads), kernel,
+                            element, **dropout.core_args())
     return weights
 
 
@@ -321,13 +349,17 @@ def attention_scores(q, k, mask=None, mods=None, *, stage="final", scale=None, l
 
 
 def gradcheck(q, k, v, dout, mask=None, mods=None, *, scale=None, layout="bhld", dtype=None,
-              kernel="auto", step=1e-3, tolerance=None):
+              kernel="auto", step=1e-3, tolerance=None, dropout_p=0.0, dropout_seed=None,
+              dropout_offset=0):
     """attention_backward checked against central finite differences of the f64 reference
     (small problems: two forwards per element). Returns a dict with ``passed``, ``tolerance``
-    and one entry per gradient tensor."""
+    and one entry per gradient tensor. With dropout (a seed is required) the dropped pairs are
+    held fixed, as the backward differentiates."""
     scale = check_mask_mods_scale(mask, mods, scale)
+    dropout = backward_seed(checked_dropout(dropout_p, dropout_seed, dropout_offset), "gradcheck")
     (qb, kb, vb, db), element = input_views((q, k, v, dout), ("q", "k", "v", "dout"), dtype, layout)
-    return _core.gradcheck(qb, kb, vb, db, mask, mods, scale, kernel, step, tolerance, element)
+    return _core.gradcheck(qb, kb, vb, db, mask, mods, scale, kernel, step, tolerance, element,
+                           **dropout.core_args())
 
 
 def cpu_info():

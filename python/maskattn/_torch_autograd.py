@@ -16,6 +16,10 @@ Design:
 * When nothing requires grad (inference, ``torch.no_grad()``), the Function is bypassed: the call
   goes straight to the C++ forward, without autograd bookkeeping.
 * The C++ results do not depend on the thread count, so neither do these.
+* Attention dropout is a pure function of a seed (_dropout): the forward's seed and offset are
+  part of the saved :class:`Call`, and the backward passes them again, so it regenerates exactly
+  the pairs the forward dropped. A call with ``dropout_p > 0`` and no seed draws one from
+  PyTorch's default generator, once, before the forward.
 * There is no double backward: ``create_graph=True`` through maskattn raises NotImplementedError
   rather than returning gradients that silently carry no second derivative.
 """
@@ -29,6 +33,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import _api, _core
+from ._dropout import NO_DROPOUT, Dropout, checked_dropout, seed_for
 
 Error = _core.Error
 
@@ -115,6 +120,7 @@ class Call(NamedTuple):
     layout: str
     threads: Optional[int]
     table_names: tuple = ()  # mods.program's tables given to the Function, in its order
+    dropout: Dropout = NO_DROPOUT  # with its seed chosen: the backward regenerates its pairs
 
 
 def program_tables_of(mods):
@@ -227,7 +233,7 @@ class _AttentionFunction(torch.autograd.Function):
         grads = _api.attention_backward(
             query, key, value, out, lse, dout, call.mask, call.mods, scale=call.scale,
             layout=call.layout, threads=call.threads, return_mod_grads=True,
-            return_table_grads=wants_tables,
+            return_table_grads=wants_tables, **call.dropout.core_args(),
         )
         dq, dk, dv, dbias, dsinks = grads[:5]
         dtables = grads[5] if wants_tables else {}
@@ -249,7 +255,7 @@ def _mod_grad(grad, meta, needed):
 def _forward(query, key, value, call: Call, return_lse=True):
     return _api.attention(
         query, key, value, call.mask, call.mods, scale=call.scale, layout=call.layout,
-        threads=call.threads, return_lse=return_lse,
+        threads=call.threads, return_lse=return_lse, **call.dropout.core_args(),
     )
 
 
@@ -275,7 +281,7 @@ def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None, want
 @torch.compiler.disable(reason="maskattn.torch.attention takes maskattn.Mask objects, which "
                         "cannot enter a graph; scaled_dot_product_attention with tensor masks can")
 def attention(query, key, value, mask=None, mods=None, *, scale=None, layout="bhld",
-              threads=None):
+              threads=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0):
     """Masked attention with autograd: maskattn.attention for torch tensors.
 
     ``layout="bhld"``: query [B, Hq, Lq, D], key [B, Hkv, Lk, D], value [B, Hkv, Lk, Dv];
@@ -283,12 +289,20 @@ def attention(query, key, value, mask=None, mods=None, *, scale=None, layout="bh
     ``mods``: a :class:`maskattn.ScoreMods`, or a :class:`maskattn.torch.ScoreMods` whose
     ``bias``/``sinks`` tensors get gradients. Returns the output in query's dtype and layout; a
     row with no allowed key gives 0 (and zero gradients), never NaN.
+
+    ``dropout_p``: attention dropout (as SDPA's ``dropout_p``: pairs dropped after the softmax,
+    kept weights scaled by 1/(1 - dropout_p)); applied whenever it is > 0, like SDPA's, so pass
+    ``dropout_p if self.training else 0.0``. The dropped pairs are a pure function of
+    ``dropout_seed`` and ``dropout_offset``; without a seed, one is drawn from PyTorch's default
+    CPU generator (``torch.manual_seed`` reproduces the call). The backward drops the same pairs.
     """
     check_tensors((("query", query), ("key", key), ("value", value)))
     check_mask(mask)
     core_mods, bias, sinks = core_mods_of(mods)
     names, tables = program_tables_of(mods)
-    call = Call(mask, core_mods, scale, layout, threads, names)
+    dropout = seed_for(checked_dropout(dropout_p, dropout_seed, dropout_offset), True,
+                       "attention")
+    call = Call(mask, core_mods, scale, layout, threads, names, dropout)
     out, _ = attention_and_lse(query, key, value, call, bias, sinks, want_lse=False,
                                tables=tables)
     return out

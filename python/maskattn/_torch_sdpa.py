@@ -13,13 +13,17 @@ see them), to maskattn's problem [B, H, L, D], and its masks to maskattn masks:
   becomes ``Mask.additive`` (−inf hides; the kernels skip its fully hidden tiles); a float mask
   that requires grad becomes a ``ScoreMods`` bias and receives ∂L/∂mask;
 * ``is_causal`` is ``Mask().causal("top_left")`` (PyTorch's alignment when L ≠ S);
-* ``mask=`` (a maskattn.Mask) and ``mods=`` are intersected/combined with the above.
+* ``mask=`` (a maskattn.Mask) and ``mods=`` are intersected/combined with the above;
+* ``dropout_p`` is maskattn's attention dropout with a seed drawn from PyTorch's default
+  generator for each call (offset 0), so ``torch.manual_seed`` reproduces it as it reproduces
+  PyTorch's SDPA dropout — the same rate and scaling, not the same dropped pairs (maskattn's
+  pairs come from its own counter-based generator, PyTorch's from ``bernoulli_``).
 
 This module folds the shapes; _torch_masks converts the masks (and caches the conversions), for
 this eager call and for the custom ops of _torch_compile alike.
 
 Difference from PyTorch, by design: a row with no allowed key gives 0 (and zero gradients) in
-every case; ``dropout_p > 0`` is an error (maskattn has no dropout).
+every case.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import torch
 from . import _core
 from ._torch_autograd import (Call, attention_and_lse, check_mask, check_tensors, core_mods_of,
                               program_tables_of)
+from ._dropout import Dropout, checked_dropout, torch_seed
 from ._torch_compile import BREAK_REASON, compiled_attention
 from ._torch_masks import check_causal_alignment, core_mask, mods_with_bias, split_attn_mask
 
@@ -127,11 +132,7 @@ def fold_attn_mask(attn_mask, batch, heads: int, q_len: int, k_len: int):
 
 
 def check_sdpa_arguments(attn_mask, dropout_p, is_causal):
-    if dropout_p != 0.0:
-        raise Error(
-            f"dropout_p={dropout_p}: maskattn has no attention dropout; pass dropout_p=0.0 "
-            f"(as models do in eval mode)"
-        )
+    checked_dropout(dropout_p, None, 0)
     if attn_mask is None:
         return
     if is_causal:
@@ -149,9 +150,10 @@ def check_sdpa_arguments(attn_mask, dropout_p, is_causal):
 
 
 def _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask=None,
-                     batch=None):
+                     batch=None, dropout_p=0.0):
     """The maskattn call for folded tensors, with the attn_mask converted (and cached under the
-    caller's tensor ``attn_mask`` folded for ``batch``, or under ``folded`` itself)."""
+    caller's tensor ``attn_mask`` folded for ``batch``, or under ``folded`` itself) and, with
+    dropout, a seed drawn from PyTorch's generator."""
     mask_tensor, bias = split_attn_mask(folded)
     cached_as = folded if attn_mask is None else attn_mask
     context = (batch, tuple(q4.shape), k4.shape[2])
@@ -160,7 +162,8 @@ def _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask
         mods = mods_with_bias(mods, bias)
     core_mods, bias, sinks = core_mods_of(mods)
     names, tables = program_tables_of(mods)
-    call = Call(call_mask, core_mods, scale, "bhld", None, names)
+    dropout = Dropout(float(dropout_p), torch_seed() if dropout_p > 0 else 0, 0)
+    call = Call(call_mask, core_mods, scale, "bhld", None, names, dropout)
     out, _ = attention_and_lse(q4, k4, v4, call, bias, sinks, want_lse=False, tables=tables)
     return out
 
@@ -175,9 +178,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     The same arguments and results — bool ``attn_mask`` True = attend, float ``attn_mask``
     added (and differentiable), ``is_causal`` top-left, broadcasting, extra batch axes, 3-D
-    inputs, ``enable_gqa`` — except that a row with no allowed key gives 0 (and zero gradients),
-    and ``dropout_p`` must be 0. Also takes ``mask=`` (a :class:`maskattn.Mask`, intersected with
-    the other masks: structured masks with no L×S tensor) and ``mods=`` (score modifiers).
+    inputs, ``enable_gqa``, ``dropout_p`` (applied whenever > 0, as in PyTorch: pass
+    ``dropout_p if self.training else 0.0``; its seed is drawn from PyTorch's default generator)
+    — except that a row with no allowed key gives 0 (and zero gradients). Also takes ``mask=`` (a
+    :class:`maskattn.Mask`, intersected with the other masks: structured masks with no L×S
+    tensor) and ``mods=`` (score modifiers).
     """
     check_tensors((("query", query), ("key", key), ("value", value)))
     check_mask(mask)
@@ -190,8 +195,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None:
         folded = fold_attn_mask(attn_mask, batch, heads, q_len, k_len)
     if torch.compiler.is_compiling():
-        out = compiled_attention(q4, k4, v4, folded, is_causal, scale, mask, mods,
+        out = compiled_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, dropout_p,
                                  _eager_attention_outside_graph)
     else:
-        out = _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask, batch)
+        out = _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask, batch,
+                               dropout_p)
     return out if out_shape is None else out.reshape(out_shape)

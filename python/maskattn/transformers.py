@@ -25,7 +25,9 @@ Design. transformers (5.x; tested with 5.24) looks attention up in two registrie
   ``PreparedMask``'s Mask. A 4-D tensor mask (a caller's own, which transformers passes through
   untouched) keeps SDPA's meaning: bool → ``Mask.keep`` (True attends), float → a bias added to
   the scores (with gradients); ``None`` means sdpa's ``is_causal`` rule. Softcap, sinks
-  (``s_aux``) and ``position_bias`` become ``maskattn.torch.ScoreMods``.
+  (``s_aux``) and ``position_bias`` become ``maskattn.torch.ScoreMods``. ``dropout`` (the
+  attention dropout rate transformers passes in training mode, 0 in eval mode) is maskattn's
+  attention dropout, with one seed per call drawn from PyTorch's default generator.
 
 Positions. transformers evaluates its mask functions at absolute indices ``q = i + q_offset``,
 ``kv = j + kv_offset``; causal and window pieces depend only on ``d = q − kv`` and become one
@@ -46,6 +48,7 @@ import numpy as np
 import torch
 
 from ._core import Error, Mask
+from ._dropout import checked_dropout, torch_seed
 from ._torch_autograd import COMPUTE_DTYPES
 
 try:
@@ -413,12 +416,15 @@ def _mask_for(attention_mask, query, key, is_causal, module):
         f"[B|1, H|1, Lq, Lk] or None (query {list(query.shape)}, key {list(key.shape)})")
 
 
-def _weights(query, key, mask, mods, scaling):
-    """``output_attentions=True``: the softmax weights (float32 math, no gradient through them)."""
+def _weights(query, key, mask, mods, scaling, dropout, seed):
+    """``output_attentions=True``: the softmax weights (float32 math, no gradient through them);
+    with dropout, the dropped and rescaled weights the output was computed with, as eager
+    returns them."""
     from . import attention_weights  # noqa: PLC0415
 
     core_mods = mods.core() if mods is not None else None
-    return attention_weights(query, key, mask, core_mods, scale=scaling).to(query.dtype)
+    return attention_weights(query, key, mask, core_mods, scale=scaling, dropout_p=dropout,
+                             dropout_seed=seed).to(query.dtype)
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -428,25 +434,26 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     query [B, Hq, Lq, D], key/value [B, Hkv, Lk, D] (GQA when Hq > Hkv, without repeating
     heads); returns (output [B, Lq, Hq, Dv], weights or None). ``sliding_window`` is already
     part of the prepared mask: transformers builds the window into the mask of sliding layers.
+    ``dropout`` is the attention dropout rate (transformers passes the config's rate in training
+    mode and 0.0 in eval mode); its seed is drawn from PyTorch's default generator, so
+    ``torch.manual_seed`` reproduces a training run.
     """
     del sliding_window
     _check_tensors(query, key, value)
-    if dropout:
-        raise Error(
-            f"maskattn attention backend: dropout={dropout} (the model is training with "
-            f"attention dropout); maskattn has no attention dropout: set the config's "
-            f"attention_dropout (attn_pdrop for GPT-2) to 0, or call model.eval()")
     from . import torch as maskattn_torch  # noqa: PLC0415 - maskattn.torch needs torch
 
     mask, bias = _mask_for(attention_mask, query, key, is_causal, module)
     mods = _score_mods(softcap, bias, kwargs)
+    dropout = checked_dropout(dropout, None, 0, "maskattn attention backend: dropout").p
+    # One seed for the output and the weights below, so that both drop the same pairs.
+    seed = torch_seed() if dropout > 0 else None
     # blhd views of transformers' [B, H, L, D] tensors: the output is allocated [B, Lq, Hq, Dv]
     # and contiguous, which is what the model reshapes next.
     out = maskattn_torch.attention(
         query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), mask, mods,
-        scale=scaling, layout="blhd")
-    weights = _weights(query, key, mask, mods, scaling) if kwargs.get("output_attentions") \
-        else None
+        scale=scaling, layout="blhd", dropout_p=dropout, dropout_seed=seed)
+    weights = _weights(query, key, mask, mods, scaling, dropout, seed) \
+        if kwargs.get("output_attentions") else None
     return out, weights
 
 

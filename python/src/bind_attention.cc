@@ -9,6 +9,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,7 +29,8 @@ void attention_binding(const InputArray& q, const InputArray& k, const InputArra
                        const std::optional<OutputArray>& lse, std::optional<double> scale,
                        int threads, const std::string& kernel, const std::string& products,
                        bool check_finite, const std::string& element,
-                       const std::optional<std::vector<int64_t>>& frame, bool count_sinks) {
+                       const std::optional<std::vector<int64_t>>& frame, bool count_sinks,
+                       double dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) {
   const TensorView qv = input_view(q, "q", element), kv = input_view(k, "k", element),
                    vv = input_view(v, "v", element);
   const MutableTensorView ov = output_view(out, "out", element);
@@ -36,6 +38,7 @@ void attention_binding(const InputArray& q, const InputArray& k, const InputArra
   Options options = options_of(scale, threads, kernel, products, check_finite);
   options.frame = frame_of(frame);
   options.count_sinks = count_sinks;
+  options.dropout = Dropout{dropout_p, dropout_seed, dropout_offset};
   compute_released(mask, mods, [&] {
     attention(qv, kv, vv, ov, mask_or_none(mask), mods_or_none(mods), options, lv);
   });
@@ -48,8 +51,8 @@ void backward_binding(const InputArray& q, const InputArray& k, const InputArray
                       const std::optional<OutputArray>& dsinks, const nb::list& dtables,
                       const Mask* mask, const ScoreMods* mods, std::optional<double> scale,
                       int threads, const std::string& kernel, const std::string& products,
-                      const std::string& element,
-                      const std::optional<std::vector<int64_t>>& frame) {
+                      const std::string& element, const std::optional<std::vector<int64_t>>& frame,
+                      double dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) {
   const TensorView qv = input_view(q, "q", element), kv = input_view(k, "k", element),
                    vv = input_view(v, "v", element), ov = input_view(out, "out", element),
                    lv = input_view(lse, "lse", ""), dov = input_view(dout, "dout", element);
@@ -66,6 +69,8 @@ void backward_binding(const InputArray& q, const InputArray& k, const InputArray
   }
   Options options = options_of(scale, threads, kernel, products, false);
   options.frame = frame_of(frame);
+  // The same dropout as the forward's: the backward regenerates its dropped pairs.
+  options.dropout = Dropout{dropout_p, dropout_seed, dropout_offset};
   compute_released(mask, mods, [&] {
     attention_backward(qv, kv, vv, ov, lv, dov, grads, mask_or_none(mask), mods_or_none(mods),
                        options);
@@ -97,12 +102,14 @@ void bind_attention(nb::module_& m) {
   m.def("attention", &attention_binding, arg("q"), arg("k"), arg("v"), arg("out"),
         arg("mask").none(), arg("mods").none(), arg("lse").none(), arg("scale").none(),
         arg("threads"), arg("kernel"), arg("products"), arg("check_finite"), arg("element"),
-        arg("frame").none() = nb::none(), arg("count_sinks") = true);
+        arg("frame").none() = nb::none(), arg("count_sinks") = true, arg("dropout_p") = 0.0,
+        arg("dropout_seed") = 0, arg("dropout_offset") = 0);
   m.def("attention_backward", &backward_binding, arg("q"), arg("k"), arg("v"), arg("out"),
         arg("lse"), arg("dout"), arg("dq"), arg("dk"), arg("dv"), arg("dbias").none(),
         arg("dsinks").none(), arg("dtables"), arg("mask").none(), arg("mods").none(),
         arg("scale").none(), arg("threads"), arg("kernel"), arg("products"), arg("element"),
-        arg("frame").none() = nb::none());
+        arg("frame").none() = nb::none(), arg("dropout_p") = 0.0, arg("dropout_seed") = 0,
+        arg("dropout_offset") = 0);
   m.def("merge_partials", &merge_binding, arg("outs"), arg("lses"), arg("out"), arg("lse").none(),
         arg("element"));
 }

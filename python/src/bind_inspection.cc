@@ -5,6 +5,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -24,13 +25,15 @@ namespace {
 nb::dict gradcheck_binding(const InputArray& q, const InputArray& k, const InputArray& v,
                            const InputArray& dout, const Mask* mask, const ScoreMods* mods,
                            std::optional<double> scale, const std::string& kernel, double step,
-                           std::optional<double> tolerance, const std::string& element) {
+                           std::optional<double> tolerance, const std::string& element,
+                           double dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) {
   const TensorView qv = input_view(q, "q", element), kv = input_view(k, "k", element),
                    vv = input_view(v, "v", element), dv = input_view(dout, "dout", element);
   GradcheckOptions check;
   check.step = step;
   check.tolerance = tolerance;
-  const Options options = options_of(scale, 0, kernel, "auto", false);
+  Options options = options_of(scale, 0, kernel, "auto", false);
+  options.dropout = Dropout{dropout_p, dropout_seed, dropout_offset};  // pairs held fixed
   GradcheckReport report;
   compute_released(mask, mods, [&] {
     report = gradcheck(qv, kv, vv, dv, mask_or_none(mask), mods_or_none(mods), options, check);
@@ -122,16 +125,20 @@ void bind_inspection(nb::module_& m) {
       "attention_weights",
       [](const InputArray& q, const InputArray& k, const OutputArray& weights, const Mask* mask,
          const ScoreMods* mods, std::optional<double> scale, int threads, const std::string& kernel,
-         const std::string& element) {
+         const std::string& element, double dropout_p, uint64_t dropout_seed,
+         uint64_t dropout_offset) {
         const TensorView qv = input_view(q, "q", element), kv = input_view(k, "k", element);
         const MutableTensorView wv = output_view(weights, "weights", "");
-        const Options options = options_of(scale, threads, kernel, "auto", false);
+        Options options = options_of(scale, threads, kernel, "auto", false);
+        // With dropout: the dropped pairs 0, the kept ones scaled by 1/(1 − p').
+        options.dropout = Dropout{dropout_p, dropout_seed, dropout_offset};
         compute_released(mask, mods, [&] {
           attention_weights(qv, kv, wv, mask_or_none(mask), mods_or_none(mods), options);
         });
       },
       arg("q"), arg("k"), arg("weights"), arg("mask").none(), arg("mods").none(),
-      arg("scale").none(), arg("threads"), arg("kernel"), arg("element"));
+      arg("scale").none(), arg("threads"), arg("kernel"), arg("element"), arg("dropout_p") = 0.0,
+      arg("dropout_seed") = 0, arg("dropout_offset") = 0);
   m.def(
       "attention_scores",
       [](const InputArray& q, const InputArray& k, const OutputArray& scores, bool final,
@@ -149,7 +156,8 @@ void bind_inspection(nb::module_& m) {
       arg("scale").none(), arg("threads"), arg("element"));
   m.def("gradcheck", &gradcheck_binding, arg("q"), arg("k"), arg("v"), arg("dout"),
         arg("mask").none(), arg("mods").none(), arg("scale").none(), arg("kernel"), arg("step"),
-        arg("tolerance").none(), arg("element"));
+        arg("tolerance").none(), arg("element"), arg("dropout_p") = 0.0, arg("dropout_seed") = 0,
+        arg("dropout_offset") = 0);
   m.def("cpu_info", &cpu_info);
 }
 

@@ -86,10 +86,13 @@ def reference_attention(q, k, v, keep=None, bias=None, scale=None, sinks=None, s
     return out, lse
 
 
-def torch_attention(q, k, v, keep=None, bias=None, scale=None, sinks=None, softcap=None):
+def torch_attention(q, k, v, keep=None, bias=None, scale=None, sinks=None, softcap=None,
+                    dropout=None):
     """The reference formula on torch tensors, in their dtype and differentiable (also in q, k,
     v, ``bias`` and ``sinks``); hidden pairs and fully hidden rows give no NaN in either
-    direction. Returns (out, lse)."""
+    direction. ``dropout``: attention dropout with given pairs, a tensor broadcasting to the
+    scores that multiplies the normalised weights (0 for a dropped pair, 1/(1 - p) for a kept
+    one); the LSE stays the undropped one. Returns (out, lse)."""
     import torch
 
     group = q.shape[1] // k.shape[1]
@@ -116,7 +119,10 @@ def torch_attention(q, k, v, keep=None, bias=None, scale=None, sinks=None, softc
     if sink is not None:
         denominator = denominator + torch.exp(sink - top)
     safe = torch.where(denominator > 0, denominator, torch.ones_like(denominator))
-    out = (weights / safe) @ v
+    weights = weights / safe
+    if dropout is not None:
+        weights = weights * dropout.to(weights.dtype)
+    out = weights @ v
     lse = torch.where(denominator > 0, torch.log(safe) + top, torch.full_like(top, -torch.inf))
     return out, lse[..., 0]
 
@@ -128,7 +134,7 @@ def naive_attention(q, k, v, dtype: str, **reference_args):
     torch_dtype = getattr(torch, dtype)
     tensors = [torch.from_numpy(as_f64(x)).to(torch_dtype) for x in (q, k, v)]
     args = dict(reference_args)
-    for name in ("bias", "sinks"):
+    for name in ("bias", "sinks", "dropout"):
         if args.get(name) is not None:
             args[name] = torch.from_numpy(as_f64(args[name])).to(torch_dtype)
     out, _ = torch_attention(*tensors, **args)

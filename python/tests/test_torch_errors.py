@@ -76,12 +76,6 @@ def test_P25_mods_must_be_score_mods():
         mt.attention(q, k, v, mods={"softcap": 2.0})
 
 
-def test_P26_dropout_is_refused():
-    q, k, v = qkv()
-    with pytest.raises(maskattn.Error, match="dropout_p=0.1: maskattn has no attention dropout"):
-        mt.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
-
-
 def test_P27_attn_mask_with_is_causal():
     q, k, v = qkv()
     with pytest.raises(maskattn.Error, match="attn_mask and is_causal=True cannot be given "
