@@ -53,10 +53,13 @@ def home_tag(block: int) -> int:
     return _TAG_BASE + 4 + block
 
 
-def slice_options(scale, dtype, threads, kernel, products) -> dict:
-    """The keyword arguments every per-slice attention/attention_backward call takes."""
+def slice_options(scale, dtype, threads, kernel, products, dropout) -> dict:
+    """The keyword arguments every per-slice attention/attention_backward call takes. Dropout's
+    pairs are keyed on their global rows (the slices' frames), so every slice drops the pairs one
+    call over the whole sequence drops."""
     return {"scale": scale, "dtype": dtype, "threads": threads, "kernel": kernel,
-            "products": products}
+            "products": products, "dropout_p": dropout.p, "dropout_seed": dropout.seed,
+            "dropout_offset": dropout.offset}
 
 
 def has_sinks(mods) -> bool:
@@ -303,18 +306,22 @@ def _checked(arrays, names, mask, mods, scale, dtype, axes):
 
 
 def ring_attention(group, q, k, v, mask, mods, *, layout, q_len, k_len, scale, dtype, threads,
-                   return_lse, kernel, products):
-    """maskattn.dist.ring_attention over a torch.distributed process group."""
+                   return_lse, kernel, products, dropout):
+    """maskattn.dist.ring_attention over a torch.distributed process group. ``dropout()``: the
+    call's checked dropout, its seed chosen (agreed between the ranks like the problem)."""
     ring = Ring(group, "ring_attention")
+    resolved = []
 
     def prepare():
         checked_scale = _checked((q, k, v), ("q", "k", "v"), mask, mods, scale, dtype,
                                  ("[B,Hq,nq,D]", "[B,Hkv,nk,D]", "[B,Hkv,nk,Dv]"))
+        resolved.append(dropout())
         rows = {"q": (q.shape[2], "q"), "k": (k.shape[2], "k"), "v": (v.shape[2], "k")}
-        return rows, problem_parameters(q, k, v, mask, mods, checked_scale)
+        return rows, dict(problem_parameters(q, k, v, mask, mods, checked_scale),
+                          dropout=tuple(resolved[0]))
 
     problem = agree_on_problem(ring, prepare, layout, q_len, k_len)
-    options = slice_options(scale, dtype, threads, kernel, products)
+    options = slice_options(scale, dtype, threads, kernel, products, resolved[0])
     plan = make_plan(mask, q.shape[0], q.shape[1], problem.q_len, problem.k_len, problem.layout,
                      ring.world, has_sinks(mods))
     forward = ForwardRank(ring, plan, problem, mask, mods, options, q, v.shape[3])
@@ -332,9 +339,10 @@ def ring_attention(group, q, k, v, mask, mods, *, layout, q_len, k_len, scale, d
 
 
 def ring_attention_backward(group, q, k, v, out, lse, dout, mask, mods, *, layout, q_len, k_len,
-                            scale, dtype, threads, kernel, products):
+                            scale, dtype, threads, kernel, products, dropout):
     """maskattn.dist.ring_attention_backward over a torch.distributed process group."""
     ring = Ring(group, "ring_attention_backward")
+    resolved = []
 
     def prepare():
         checked_scale = _checked((q, k, v, out, dout), ("q", "k", "v", "out", "dout"), mask,
@@ -348,10 +356,12 @@ def ring_attention_backward(group, q, k, v, out, lse, dout, mask, mods, *, layou
         rows = {name: (x.shape[2], side) for name, x, side in (
             ("q", q, "q"), ("k", k, "k"), ("v", v, "k"), ("out", out, "q"), ("lse", lse, "q"),
             ("dout", dout, "q"))}
-        return rows, problem_parameters(q, k, v, mask, mods, checked_scale)
+        resolved.append(dropout())
+        return rows, dict(problem_parameters(q, k, v, mask, mods, checked_scale),
+                          dropout=tuple(resolved[0]))
 
     problem = agree_on_problem(ring, prepare, layout, q_len, k_len)
-    options = slice_options(scale, dtype, threads, kernel, products)
+    options = slice_options(scale, dtype, threads, kernel, products, resolved[0])
     plan = make_plan(mask, q.shape[0], q.shape[1], problem.q_len, problem.k_len, problem.layout,
                      ring.world, has_sinks(mods))
     backward = BackwardRank(ring, plan, problem, mask, mods, options, (q, out, lse, dout))

@@ -33,6 +33,7 @@ from __future__ import annotations
 import sys
 
 from . import _api, _core
+from ._dropout import backward_seed, checked_dropout, seed_for
 from ._arrays import Error, core_view, empty_like_framework, is_torch, new_output, threads_arg
 from ._ring_plan import LAYOUTS, checked_layout  # noqa: F401  (LAYOUTS: dist.LAYOUTS)
 
@@ -152,28 +153,42 @@ def shard(x, comm=None, *, layout="zigzag", axis=2):
     return np.concatenate(pieces, axis=axis)
 
 
-def _agreed(comm, prepare, q_len, k_len):
+def _agreed(comm, prepare, q_len, k_len, dropout):
     """Runs this rank's argument checks (``prepare`` returns its local q and k row counts and
-    whatever the call needs) and agrees with every rank, in one allgather, on the global lengths
-    (given, or the sum of every rank's rows) — or, if any rank's checks failed, raises the first
-    failing rank's error on every rank, so that no rank is left waiting in the ring."""
+    whatever the call needs; ``dropout`` the call's resolved dropout, or raises) and agrees with
+    every rank, in one allgather, on the global lengths (given, or the sum of every rank's rows)
+    and the dropout — or, if any rank's checks failed, raises the first failing rank's error on
+    every rank, so that no rank is left waiting in the ring."""
     try:
         rows_q, rows_k, prepared = prepare()
-        local = (None, rows_q, rows_k)
+        local = (None, rows_q, rows_k, tuple(dropout()))
     except Error as error:
-        prepared, local = None, (str(error), 0, 0)
+        prepared, local = None, (str(error), 0, 0, None)
     gathered = comm.allgather(local)
-    for rank, (message, _, _) in enumerate(gathered):
+    for rank, (message, _, _, _) in enumerate(gathered):
         if message is not None:
             raise Error(message if rank == comm.Get_rank() else f"rank {rank}: {message}")
+    _same_dropout([entry[3] for entry in gathered], "ring_attention")
     q_len = sum(entry[1] for entry in gathered) if q_len is None else int(q_len)
     k_len = sum(entry[2] for entry in gathered) if k_len is None else int(k_len)
-    return q_len, k_len, prepared
+    return q_len, k_len, prepared, gathered[0][3]
+
+
+def _same_dropout(dropouts, function):
+    """Every rank's (p, seed, offset) must be rank 0's: the dropped pairs are the seed's (P79)."""
+    for rank, theirs in enumerate(dropouts):
+        if theirs != dropouts[0]:
+            raise Error(
+                f"{function}: rank {rank} drops with (dropout_p, dropout_seed, dropout_offset) = "
+                f"{theirs} but rank 0 with {dropouts[0]}; every rank must give the same dropout "
+                f"(draw the seed on one rank and broadcast it, or seed every rank's generator "
+                f"alike with torch.manual_seed)")
 
 
 def ring_attention(q, k, v, mask=None, mods=None, *, comm=None, layout="zigzag", q_len=None,
                    k_len=None, scale=None, dtype=None, threads=None, return_lse=False,
-                   kernel="auto", products="auto"):
+                   kernel="auto", products="auto", dropout_p=0.0, dropout_seed=None,
+                   dropout_offset=0):
     """This rank's rows of attention over the whole sequence, computed around the ring.
 
     q [B, Hq, nq, D], k [B, Hkv, nk, D], v [B, Hkv, nk, Dv]: this rank's rows (local_ranges).
@@ -182,14 +197,24 @@ def ring_attention(q, k, v, mask=None, mods=None, *, comm=None, layout="zigzag",
     Returns out [B, Hq, nq, Dv] (and lse [B, Hq, nq] float32 with ``return_lse``). Collective:
     every rank of ``comm`` must call it; an error on any rank is raised on every rank. ``comm``:
     an mpi4py communicator, or a torch.distributed ProcessGroup (gloo; torch CPU tensors).
+    ``dropout_p``, ``dropout_seed``, ``dropout_offset``: attention dropout as in
+    :func:`maskattn.attention`, the pairs keyed on their global rows, so the ring drops exactly
+    the pairs one call over the whole sequence drops; every rank must give the same values (a
+    seed drawn from PyTorch's generator when none is given: seed every rank's alike).
     """
     transport, comm = _transport(comm)
+
+    def dropout():
+        return seed_for(checked_dropout(dropout_p, dropout_seed, dropout_offset), is_torch(q),
+                        "ring_attention")
+
     if transport == "torch":
         from . import _torch_ring
 
         return _torch_ring.ring_attention(
             comm, q, k, v, mask, mods, layout=layout, q_len=q_len, k_len=k_len, scale=scale,
-            dtype=dtype, threads=threads, return_lse=return_lse, kernel=kernel, products=products)
+            dtype=dtype, threads=threads, return_lse=return_lse, kernel=kernel, products=products,
+            dropout=dropout)
     layout = _layout(layout)
     _require_mpi("ring_attention")
 
@@ -201,7 +226,8 @@ def ring_attention(q, k, v, mask=None, mods=None, *, comm=None, layout="zigzag",
         _api.rank4_shape(vb, "v", "[B,Hkv,nk,Dv]")
         return qb.shape[2], kb.shape[2], (checked_scale, qb, kb, vb, element)
 
-    q_len, k_len, (checked_scale, qb, kb, vb, element) = _agreed(comm, prepare, q_len, k_len)
+    q_len, k_len, (checked_scale, qb, kb, vb, element), agreed_dropout = _agreed(
+        comm, prepare, q_len, k_len, dropout)
     batch, heads, rows, _ = qb.shape
     result, out_view = new_output(q, (batch, heads, rows, vb.shape[3]), "bhld")
     lse = lse_view = None
@@ -211,23 +237,32 @@ def ring_attention(q, k, v, mask=None, mods=None, *, comm=None, layout="zigzag",
     _core.ring_attention(
         comm.py2f(), q_len, k_len, qb, kb, vb, out_view, mask, mods, lse_view, checked_scale,
         threads_arg(threads), kernel, products, layout, element,
+        **_dropout_args(agreed_dropout),
     )
     return (result, lse) if return_lse else result
 
 
 def ring_attention_backward(q, k, v, out, lse, dout, mask=None, mods=None, *, comm=None,
                             layout="zigzag", q_len=None, k_len=None, scale=None, dtype=None,
-                            threads=None, kernel="auto", products="auto"):
+                            threads=None, kernel="auto", products="auto", dropout_p=0.0,
+                            dropout_seed=None, dropout_offset=0):
     """(dq, dk, dv) of this rank's rows, given dout = ∂L/∂O of its rows and the ``out`` and
     ``lse`` that :func:`ring_attention` returned for them. dk and dv are the gradients of this
-    rank's key rows, summed over every rank's queries. Collective, like the forward."""
+    rank's key rows, summed over every rank's queries. Collective, like the forward. With
+    dropout, the forward's ``dropout_p``, ``dropout_seed`` (required) and ``dropout_offset``."""
     transport, comm = _transport(comm)
+
+    def dropout():
+        return backward_seed(checked_dropout(dropout_p, dropout_seed, dropout_offset),
+                             "ring_attention_backward")
+
     if transport == "torch":
         from . import _torch_ring
 
         return _torch_ring.ring_attention_backward(
             comm, q, k, v, out, lse, dout, mask, mods, layout=layout, q_len=q_len, k_len=k_len,
-            scale=scale, dtype=dtype, threads=threads, kernel=kernel, products=products)
+            scale=scale, dtype=dtype, threads=threads, kernel=kernel, products=products,
+            dropout=dropout)
     layout = _layout(layout)
     _require_mpi("ring_attention_backward")
 
@@ -241,43 +276,57 @@ def ring_attention_backward(q, k, v, out, lse, dout, mask=None, mods=None, *, co
             views[:3], ("q", "k", "v"), ("[B,Hq,nq,D]", "[B,Hkv,nk,D]", "[B,Hkv,nk,Dv]"))]
         return shapes[0][2], shapes[1][2], (checked_scale, views, lse_view, shapes, element)
 
-    q_len, k_len, (checked_scale, views, lse_view, shapes, element) = _agreed(
-        comm, prepare, q_len, k_len)
+    q_len, k_len, (checked_scale, views, lse_view, shapes, element), agreed_dropout = _agreed(
+        comm, prepare, q_len, k_len, dropout)
     qb, kb, vb, ob, db = views
     grads, grad_views = zip(*(new_output(like, shape, "bhld")
                               for like, shape in zip((q, k, v), shapes)))
     _core.ring_attention_backward(
         comm.py2f(), q_len, k_len, qb, kb, vb, ob, lse_view, db, *grad_views, mask, mods,
         checked_scale, threads_arg(threads), kernel, products, layout, element,
+        **_dropout_args(agreed_dropout),
     )
     return tuple(grads)
+
+
+def _dropout_args(dropout):
+    """The bindings' keyword arguments of an agreed (p, seed, offset)."""
+    p, seed, offset = dropout
+    return dict(dropout_p=p, dropout_seed=seed or 0, dropout_offset=offset)
 
 
 def _make_autograd_function():
     import torch
 
     class RingAttention(torch.autograd.Function):
-        """``out = RingAttention.apply(q, k, v, mask, mods, comm, layout)`` on this rank's rows
-        (torch tensors, [B, H, n, D]); ``out.backward()`` runs :func:`ring_attention_backward`
-        around the same ring. ``comm``: an mpi4py communicator or a torch.distributed
-        ProcessGroup. Every rank must run the forward and the backward."""
+        """``out = RingAttention.apply(q, k, v, mask, mods, comm, layout, dropout_p, dropout_seed,
+        dropout_offset)`` on this rank's rows (torch tensors, [B, H, n, D]; the last three
+        optional); ``out.backward()`` runs :func:`ring_attention_backward` around the same ring,
+        with the same dropped pairs. ``comm``: an mpi4py communicator or a torch.distributed
+        ProcessGroup. Every rank must run the forward and the backward. Without a seed, each rank
+        draws one from PyTorch's generator: seed every rank's generator alike (P79 otherwise)."""
 
         @staticmethod
-        def forward(ctx, q, k, v, mask=None, mods=None, comm=None, layout="zigzag"):
+        def forward(ctx, q, k, v, mask=None, mods=None, comm=None, layout="zigzag", dropout_p=0.0,
+                    dropout_seed=None, dropout_offset=0):
+            dropout = seed_for(checked_dropout(dropout_p, dropout_seed, dropout_offset), True,
+                               "RingAttention")
             out, lse = ring_attention(q.detach(), k.detach(), v.detach(), mask, mods, comm=comm,
-                                      layout=layout, return_lse=True)
+                                      layout=layout, return_lse=True, dropout_p=dropout.p,
+                                      dropout_seed=dropout.seed, dropout_offset=dropout.offset)
             ctx.save_for_backward(q, k, v, out, lse)
-            ctx.ring = (mask, mods, comm, layout)
+            ctx.ring = (mask, mods, comm, layout, dropout)
             return out
 
         @staticmethod
         def backward(ctx, dout):
             q, k, v, out, lse = ctx.saved_tensors
-            mask, mods, comm, layout = ctx.ring
+            mask, mods, comm, layout, dropout = ctx.ring
             dq, dk, dv = ring_attention_backward(
                 q.detach(), k.detach(), v.detach(), out, lse, dout.contiguous(), mask, mods,
-                comm=comm, layout=layout)
-            return dq, dk, dv, None, None, None, None
+                comm=comm, layout=layout, dropout_p=dropout.p, dropout_seed=dropout.seed,
+                dropout_offset=dropout.offset)
+            return dq, dk, dv, None, None, None, None, None, None, None
 
     return RingAttention
 

@@ -63,9 +63,11 @@ MPI_Comm communicator(int64_t handle) {
 }
 
 dist::RingOptions ring_options(std::optional<double> scale, int threads, const std::string& kernel,
-                               const std::string& products, const std::string& layout) {
+                               const std::string& products, const std::string& layout,
+                               const Dropout& dropout) {
   dist::RingOptions options;
   options.base = options_of(scale, threads, kernel, products, false);
+  options.base.dropout = dropout;  // global rows key the pairs: every rank drops the whole call's
   options.layout = layout_named(layout);
   return options;
 }
@@ -75,12 +77,14 @@ void ring_binding(int64_t comm, int64_t q_len, int64_t k_len, const InputArray& 
                   const Mask* mask, const ScoreMods* mods, const std::optional<OutputArray>& lse,
                   std::optional<double> scale, int threads, const std::string& kernel,
                   const std::string& products, const std::string& layout,
-                  const std::string& element) {
+                  const std::string& element, double dropout_p, uint64_t dropout_seed,
+                  uint64_t dropout_offset) {
   const TensorView qv = input_view(q, "q", element), kv = input_view(k, "k", element),
                    vv = input_view(v, "v", element);
   const MutableTensorView ov = output_view(out, "out", element);
   const MutableTensorView lv = optional_output(lse, "lse", "");
-  const dist::RingOptions options = ring_options(scale, threads, kernel, products, layout);
+  const dist::RingOptions options = ring_options(scale, threads, kernel, products, layout,
+                                                 Dropout{dropout_p, dropout_seed, dropout_offset});
   const MPI_Comm communicator_ = communicator(comm);
   compute_released(mask, mods, [&] {
     dist::ring_attention(communicator_, q_len, k_len, qv, kv, vv, ov, mask_or_none(mask),
@@ -94,7 +98,8 @@ void ring_backward_binding(int64_t comm, int64_t q_len, int64_t k_len, const Inp
                            const OutputArray& dk, const OutputArray& dv, const Mask* mask,
                            const ScoreMods* mods, std::optional<double> scale, int threads,
                            const std::string& kernel, const std::string& products,
-                           const std::string& layout, const std::string& element) {
+                           const std::string& layout, const std::string& element, double dropout_p,
+                           uint64_t dropout_seed, uint64_t dropout_offset) {
   const TensorView qv = input_view(q, "q", element), kv = input_view(k, "k", element),
                    vv = input_view(v, "v", element), ov = input_view(out, "out", element),
                    lv = input_view(lse, "lse", ""), dov = input_view(dout, "dout", element);
@@ -102,7 +107,8 @@ void ring_backward_binding(int64_t comm, int64_t q_len, int64_t k_len, const Inp
   grads.dq = output_view(dq, "dq", element);
   grads.dk = output_view(dk, "dk", element);
   grads.dv = output_view(dv, "dv", element);
-  const dist::RingOptions options = ring_options(scale, threads, kernel, products, layout);
+  const dist::RingOptions options = ring_options(scale, threads, kernel, products, layout,
+                                                 Dropout{dropout_p, dropout_seed, dropout_offset});
   const MPI_Comm communicator_ = communicator(comm);
   compute_released(mask, mods, [&] {
     dist::ring_attention_backward(communicator_, q_len, k_len, qv, kv, vv, ov, lv, dov, grads,
@@ -122,11 +128,12 @@ void bind_dist(nb::module_& m) {
   m.def("ring_attention", &ring_binding, arg("comm"), arg("q_len"), arg("k_len"), arg("q"),
         arg("k"), arg("v"), arg("out"), arg("mask").none(), arg("mods").none(), arg("lse").none(),
         arg("scale").none(), arg("threads"), arg("kernel"), arg("products"), arg("layout"),
-        arg("element"));
+        arg("element"), arg("dropout_p") = 0.0, arg("dropout_seed") = 0, arg("dropout_offset") = 0);
   m.def("ring_attention_backward", &ring_backward_binding, arg("comm"), arg("q_len"), arg("k_len"),
         arg("q"), arg("k"), arg("v"), arg("out"), arg("lse"), arg("dout"), arg("dq"), arg("dk"),
         arg("dv"), arg("mask").none(), arg("mods").none(), arg("scale").none(), arg("threads"),
-        arg("kernel"), arg("products"), arg("layout"), arg("element"));
+        arg("kernel"), arg("products"), arg("layout"), arg("element"), arg("dropout_p") = 0.0,
+        arg("dropout_seed") = 0, arg("dropout_offset") = 0);
 #else
   m.attr("has_mpi") = false;
 #endif

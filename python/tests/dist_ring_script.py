@@ -46,7 +46,10 @@ def check(name, actual, expected, tolerance):
           f"{'ok' if ok else 'FAILED'}", flush=True)
 
 
-def case(name, shape, mask, keep, layout):
+def case(name, shape, mask, keep, layout, dropout=None):
+    """``dropout``: maskattn's dropout keyword arguments for the ring and the one-process calls
+    alike; the float64 formula then takes the pairs attention_weights shows dropped."""
+    dropout = dropout or {}
     batch, q_heads, kv_heads, length, dim = shape
     rng = np.random.default_rng(7)
     q = rng.uniform(-1, 1, (batch, q_heads, length, dim)).astype(np.float32)
@@ -56,14 +59,18 @@ def case(name, shape, mask, keep, layout):
     local = {n: dist.shard(x, comm, layout=layout) for n, x in
              (("q", q), ("k", k), ("v", v), ("dout", dout))}
     out, lse = dist.ring_attention(local["q"], local["k"], local["v"], mask, comm=comm,
-                                   layout=layout, return_lse=True)
+                                   layout=layout, return_lse=True, **dropout)
     grads = dist.ring_attention_backward(local["q"], local["k"], local["v"], out, lse,
-                                         local["dout"], mask, comm=comm, layout=layout)
+                                         local["dout"], mask, comm=comm, layout=layout, **dropout)
     whole = [gathered(x, length, layout) for x in (out, lse, *grads)]
     if comm.rank == 0:
-        one_out, one_lse = maskattn.attention(q, k, v, mask, return_lse=True)
-        one_grads = maskattn.attention_backward(q, k, v, one_out, one_lse, dout, mask)
+        one_out, one_lse = maskattn.attention(q, k, v, mask, return_lse=True, **dropout)
+        one_grads = maskattn.attention_backward(q, k, v, one_out, one_lse, dout, mask, **dropout)
         reference_out, reference_lse = reference_attention(q, k, v, keep=keep)
+        if dropout:  # O = W·V with W the dropped weights (float64 product), LSE undropped
+            weights = maskattn.attention_weights(q, k, mask, **dropout).astype(np.float64)
+            group = q_heads // kv_heads
+            reference_out = weights @ np.repeat(v.astype(np.float64), group, axis=1)
         check(f"{name} out vs attention()", whole[0], one_out, 1e-5)
         check(f"{name} lse vs attention()", whole[1], one_lse, 1e-5)
         check(f"{name} out vs float64", whole[0], reference_out, 1e-5)
@@ -100,5 +107,19 @@ window = causal & ~np.tril(np.ones((L, L), dtype=bool), -6)  # sliding_window(6)
 case("causal zigzag GQA", (2, 4, 2, L, 8), maskattn.Mask().causal(), causal, "zigzag")
 case("sliding window contiguous", (1, 2, 2, L, 8), maskattn.Mask().sliding_window(6), window,
      "contiguous")
+case("dropout causal zigzag GQA", (2, 4, 2, L, 8), maskattn.Mask().causal(), causal, "zigzag",
+     {"dropout_p": 0.3, "dropout_seed": 99, "dropout_offset": 2})
 torch_case()
+if comm.size > 1:  # P79: a rank whose dropout differs makes every rank raise, none waits
+    try:
+        x = dist.shard(np.ones((1, 1, L, 4), np.float32), comm)
+        dist.ring_attention(x, x, x, comm=comm, dropout_p=0.1, dropout_seed=comm.rank)
+        message = None
+    except maskattn.Error as error:
+        message = str(error)
+    expected = ("ring_attention: rank 1 drops with (dropout_p, dropout_seed, dropout_offset) = "
+                "(0.1, 1, 0) but rank 0 with (0.1, 0, 0); every rank must give the same dropout")
+    ok = message is not None and message.startswith(expected)
+    failures += not ok
+    print(f"P79 on rank {comm.rank}: {'ok' if ok else 'FAILED: ' + str(message)}", flush=True)
 sys.exit(1 if comm.allreduce(failures) else 0)

@@ -75,50 +75,68 @@ def global_inputs(dtype, seed=7):
     return uniform(HQ), uniform(HKV), uniform(HKV), uniform(HQ)  # q, k, v, dout
 
 
-def float64_reference(q, k, v, dout, mask):
-    """(out, lse, dq, dk, dv) of the float64 formula on the same (rounded) inputs."""
+def float64_reference(q, k, v, dout, mask, dropout=None):
+    """(out, lse, dq, dk, dv) of the float64 formula on the same (rounded) inputs; with
+    ``dropout`` (maskattn's keyword arguments), the pairs maskattn.attention_weights shows dropped
+    held fixed: each weight times 0 or 1/(1 - p')."""
     keep = maskattn.allowed_pairs(mask, B, HQ, L).astype(bool)
+    factors = None
+    if dropout:
+        dropped = maskattn.attention_weights(q, k, mask, **dropout).double()
+        plain = maskattn.attention_weights(q, k, mask).double()
+        kept_scale = 65536 / (65536 - round(dropout["dropout_p"] * 65536))  # 1/(1 - p')
+        factors = torch.where((plain > 0) & (dropped > 0), kept_scale, 0.0).double()
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
-    out, lse = torch_attention(*leaves, keep=keep)
+    out, lse = torch_attention(*leaves, keep=keep, dropout=factors)
     out.backward(dout.double())
     return (out, lse, *(x.grad for x in leaves))
 
 
-def case(name, mask, dtype, layout):
+def case(name, mask, dtype, layout, dropout=None):
+    """``dropout``: maskattn's dropout keyword arguments, the same for the ring and the one
+    process call (the ring drops the pairs the whole call drops)."""
+    dropout = dropout or {}
     q, k, v, dout = global_inputs(dtype)
     local = {n: dist.shard(x, GROUP, layout=layout) for n, x in
              (("q", q), ("k", k), ("v", v), ("dout", dout))}
     out, lse = dist.ring_attention(local["q"], local["k"], local["v"], mask, comm=GROUP,
-                                   layout=layout, return_lse=True)
+                                   layout=layout, return_lse=True, **dropout)
     grads = dist.ring_attention_backward(local["q"], local["k"], local["v"], out, lse,
-                                         local["dout"], mask, comm=GROUP, layout=layout)
+                                         local["dout"], mask, comm=GROUP, layout=layout,
+                                         **dropout)
     assert out.dtype == dtype and all(g.dtype == dtype for g in grads), "dtypes"
     ring = [gathered(x, L, layout) for x in (out, lse, *grads)]
     if RANK == 0:
-        one_out, one_lse = maskattn.attention(q, k, v, mask, return_lse=True)
+        one_out, one_lse = maskattn.attention(q, k, v, mask, return_lse=True, **dropout)
         one = (one_out, one_lse, *maskattn.attention_backward(q, k, v, one_out, one_lse, dout,
-                                                              mask))
-        exact = float64_reference(q, k, v, dout, mask)
+                                                              mask, **dropout))
+        exact = float64_reference(q, k, v, dout, mask, dropout)
         for label, ring_x, one_x, exact_x in zip(("out", "lse", "dq", "dk", "dv"), ring, one,
                                                  exact):
             check(f"{name} {label}", ring_x, one_x, exact_x)
 
 
-def autograd_case():
+def autograd_case(dropout_p=0.0):
     """RingAttention.apply: out.backward() runs the ring backward (comm=None: the default group,
-    torch.distributed being initialised)."""
+    torch.distributed being initialised). With dropout and no seed, every rank draws the seed
+    from its own PyTorch generator, seeded alike here."""
     q, k, v, dout = global_inputs(torch.float32, seed=3)
     mask = maskattn.Mask().causal().key_lengths([L, 30])
     leaves = [dist.shard(x, layout="zigzag").clone().requires_grad_() for x in (q, k, v)]
-    out = dist.RingAttention.apply(*leaves, mask, None, None, "zigzag")
+    torch.manual_seed(77)
+    out = dist.RingAttention.apply(*leaves, mask, None, None, "zigzag", dropout_p)
     (out * dist.shard(dout, layout="zigzag")).sum().backward()
     ring = [gathered(x.grad, L, "zigzag") for x in leaves]
     if RANK == 0:
-        one_out, one_lse = maskattn.attention(q, k, v, mask, return_lse=True)
-        one = maskattn.attention_backward(q, k, v, one_out, one_lse, dout, mask)
-        exact = float64_reference(q, k, v, dout, mask)[2:]
+        torch.manual_seed(77)  # the seed RingAttention drew
+        dropout = {"dropout_p": dropout_p, "dropout_seed": int(
+            torch.randint(0, 2**63 - 1, (), dtype=torch.int64))} if dropout_p else {}
+        one_out, one_lse = maskattn.attention(q, k, v, mask, return_lse=True, **dropout)
+        one = maskattn.attention_backward(q, k, v, one_out, one_lse, dout, mask, **dropout)
+        exact = float64_reference(q, k, v, dout, mask, dropout)[2:]
         for label, ring_x, one_x, exact_x in zip(("dq", "dk", "dv"), ring, one, exact):
-            check(f"RingAttention autograd {label}", ring_x, one_x, exact_x)
+            check(f"RingAttention autograd{' with dropout' if dropout else ''} {label}", ring_x,
+                  one_x, exact_x)
 
 
 def numerical_cases():
@@ -131,7 +149,14 @@ def numerical_cases():
         for dtype in (torch.float32, torch.bfloat16):
             for layout in ("zigzag", "contiguous"):
                 case(f"{mask_name} {str(dtype)[6:]} {layout}", mask, dtype, layout)
+    # Attention dropout: the slices drop the pairs of the whole call (keyed on global rows).
+    dropout = {"dropout_p": 0.3, "dropout_seed": 2024, "dropout_offset": 1}
+    case("dropout, causal + key padding float32 zigzag", masks["causal + key padding"],
+         torch.float32, "zigzag", dropout)
+    case("dropout, packed documents bfloat16 contiguous", masks["packed documents"],
+         torch.bfloat16, "contiguous", dropout)
     autograd_case()
+    autograd_case(dropout_p=0.2)
 
 
 def raised(call):
@@ -168,6 +193,9 @@ def error_cases():
     mods = maskattn.ScoreMods(bias=bias)
     messages["during the ring"] = raised(lambda: dist.ring_attention(*local, mask, mods,
                                                                      comm=GROUP))
+    # Different dropout seeds on one rank: the ranks would drop different pairs (P77).
+    messages["other dropout"] = raised(lambda: dist.ring_attention(
+        *local, mask, comm=GROUP, dropout_p=0.2, dropout_seed=1 + (RANK == 1 % WORLD)))
     out, lse = dist.ring_attention(*local, mask, comm=GROUP, return_lse=True)
     backward_inputs = [*local, out, lse, out]
     if RANK == 0:

@@ -28,8 +28,9 @@ import maskattn
 from maskattn import _ring_plan, dist
 
 SCRIPT = Path(__file__).resolve().parent / "dist_torch_script.py"
-# 2 masks × 2 dtypes × 2 layouts × (out, lse, dq, dk, dv), and the autograd Function's 3 grads.
-CHECKS_PER_RUN = 2 * 2 * 2 * 5 + 3
+# 2 masks × 2 dtypes × 2 layouts × (out, lse, dq, dk, dv), 2 cases with attention dropout × 5,
+# and the autograd Function's 3 grads without and with dropout.
+CHECKS_PER_RUN = 2 * 2 * 2 * 5 + 2 * 5 + 2 * 3
 
 
 def launch(ranks, *arguments, timeout=120):
@@ -213,6 +214,9 @@ def test_P77_ranks_that_describe_different_problems(error_run):
     assert agreed(error_run, "other problem") == (
         "ring_attention: rank 2 of 3: value dim = 4 differs from rank 0's 8; every rank must "
         "describe the same global problem")
+    assert agreed(error_run, "other dropout") == (
+        "ring_attention: rank 1 of 3: dropout = (0.2, 2, 0) differs from rank 0's (0.2, 1, 0); "
+        "every rank must describe the same global problem")
 
 
 def test_P78_rows_that_are_not_the_ranks_local_ranges(one_rank_group, error_run):
