@@ -47,22 +47,65 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DU64 = hn::ScalableTag<uint64_t>;
 using VU64 = hn::Vec<DU64>;
 
+// Philox4x32 rounds [first_round, 10) on R states in flight, each lane one instance (its words
+// in the low halves of x[r][0..3]; the high halves may hold garbage: MulEven reads only the low
+// 32 bits, and the draws take only those). One round waits on its multiply, so a single state is
+// latency-bound and R independent ones fill the pipes.
+template <int R>
+HWY_INLINE void PhiloxRounds(VU64 (&x)[R][4], int first_round, uint32_t k0, uint32_t k1) {
+  const DU64 d;
+  const hn::Repartition<uint32_t, DU64> d32;
+  const auto m0 = hn::Set(d32, kPhiloxM0), m1 = hn::Set(d32, kPhiloxM1);
+  k0 += first_round * kPhiloxW0;
+  k1 += first_round * kPhiloxW1;
+  for (int round = first_round; round < kPhiloxRounds; ++round) {
+    const VU64 key0 = hn::Set(d, k0), key1 = hn::Set(d, k1);
+    for (int r = 0; r < R; ++r) {
+      const VU64 p0 = hn::MulEven(hn::BitCast(d32, x[r][0]), m0);
+      const VU64 p1 = hn::MulEven(hn::BitCast(d32, x[r][2]), m1);
+      x[r][0] = hn::Xor3(hn::ShiftRight<32>(p1), x[r][1], key0);
+      x[r][1] = p1;
+      x[r][2] = hn::Xor3(hn::ShiftRight<32>(p0), x[r][3], key1);
+      x[r][3] = p0;
+    }
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+}
+
+// The kept draws of one state as lane masks: bit 4·l + t of `low` is draw t < 4 of lane l (words
+// x0, x1), of `high` draw 4 + t (words x2, x3) — interleaving x0 with x1 as u32 lanes puts the
+// draws in 16-bit lanes in that order. kept ⇔ draw ≥ T ⇔ T ⊖ draw = 0 (saturating: no unsigned
+// compare needed).
+struct KeptDraws {
+  uint64_t low = 0, high = 0;
+};
+HWY_INLINE KeptDraws KeptDrawsOf(const VU64 (&x)[4], uint16_t threshold) {
+  const hn::Repartition<uint32_t, DU64> d32;
+  const hn::Repartition<uint16_t, DU64> d16;
+  const auto limit = hn::Set(d16, threshold);
+  const auto low = hn::BitCast(
+      d16, hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x[1])), hn::BitCast(d32, x[0])));
+  const auto high = hn::BitCast(
+      d16, hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x[3])), hn::BitCast(d32, x[2])));
+  KeptDraws kept;
+  hn::StoreMaskBits(d16, hn::Eq(hn::SaturatedSub(limit, low), hn::Zero(d16)),
+                    reinterpret_cast<uint8_t*>(&kept.low));
+  hn::StoreMaskBits(d16, hn::Eq(hn::SaturatedSub(limit, high), hn::Zero(d16)),
+                    reinterpret_cast<uint8_t*>(&kept.high));
+  return kept;
+}
+
 // Rows r < R of keep bits: out[r] bit j = pair (q[r], kv0 + j) of head row bh[r] kept (kv0 a
 // multiple of 64; bits past the problem's keys are draws of keys that do not exist: callers
-// ignore them). Philox4x32-10 runs in every u64 lane (words in the low halves; the high halves may
-// hold garbage), for R rows at once: one round waits on its multiply, so a single row is
-// latency-bound and R independent rows in flight fill the pipes.
+// ignore them), R rows in flight.
 template <int R>
 HWY_INLINE void DropoutRowGroup(const DropoutRule& rule, const uint32_t* bh, const int64_t* q,
                                 int64_t kv0, uint64_t* HWY_RESTRICT out) {
   for (int r = 0; r < R; ++r) out[r] = 0;
   if (rule.threshold > 0xFFFF) return;  // p' = 1: every pair dropped
   const DU64 d;
-  const hn::Repartition<uint32_t, DU64> d32;
-  const hn::Repartition<uint16_t, DU64> d16;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto m0 = hn::Set(d32, kPhiloxM0), m1 = hn::Set(d32, kPhiloxM1);
-  const auto threshold = hn::Set(d16, static_cast<uint16_t>(rule.threshold));
   // Lane numbers built once: Highway 1.0's Iota goes through memory (a store-forwarding stall
   // per call, measured as most of this function's time when it sat in the loop).
   const VU64 lane = hn::Iota(d, 0);
@@ -75,34 +118,11 @@ HWY_INLINE void DropoutRowGroup(const DropoutRule& rule, const uint32_t* bh, con
       x[r][2] = hn::Set(d, bh[r]);
       x[r][3] = hn::Set(d, rule.offset);
     }
-    uint32_t k0 = rule.key0, k1 = rule.key1;
-    for (int round = 0; round < kPhiloxRounds; ++round) {
-      const VU64 key0 = hn::Set(d, k0), key1 = hn::Set(d, k1);
-      for (int r = 0; r < R; ++r) {
-        const VU64 p0 = hn::MulEven(hn::BitCast(d32, x[r][0]), m0);
-        const VU64 p1 = hn::MulEven(hn::BitCast(d32, x[r][2]), m1);
-        x[r][0] = hn::Xor3(hn::ShiftRight<32>(p1), x[r][1], key0);
-        x[r][1] = p1;
-        x[r][2] = hn::Xor3(hn::ShiftRight<32>(p0), x[r][3], key1);
-        x[r][3] = p0;
-      }
-      k0 += kPhiloxW0;
-      k1 += kPhiloxW1;
-    }
+    PhiloxRounds<R>(x, 0, rule.key0, rule.key1);
     for (int r = 0; r < R; ++r) {
-      // u16 lane 4·l + t of `low` is draw t < 4 of lane l (keys 4(o + l) + t), of `high` draw
-      // 4 + t (keys 32 + 4(o + l) + t).
-      const auto low = hn::BitCast(d16, hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x[r][1])),
-                                                    hn::BitCast(d32, x[r][0])));
-      const auto high = hn::BitCast(d16, hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x[r][3])),
-                                                     hn::BitCast(d32, x[r][2])));
-      // kept ⇔ draw ≥ T ⇔ T ⊖ draw = 0 (saturating: no unsigned compare needed).
-      uint64_t kept_low = 0, kept_high = 0;
-      hn::StoreMaskBits(d16, hn::Eq(hn::SaturatedSub(threshold, low), hn::Zero(d16)),
-                        reinterpret_cast<uint8_t*>(&kept_low));
-      hn::StoreMaskBits(d16, hn::Eq(hn::SaturatedSub(threshold, high), hn::Zero(d16)),
-                        reinterpret_cast<uint8_t*>(&kept_high));
-      out[r] |= (kept_low << (4 * o)) | (kept_high << (32 + 4 * o));
+      // Lane l is instance o + l: draws t of keys 4(o + l) + t and 32 + 4(o + l) + t.
+      const KeptDraws kept = KeptDrawsOf(x[r], static_cast<uint16_t>(rule.threshold));
+      out[r] |= (kept.low << (4 * o)) | (kept.high << (32 + 4 * o));
     }
   }
 }
@@ -118,12 +138,8 @@ HWY_INLINE void DropoutKeyColumns(const DropoutRule& rule, uint32_t bh, int64_t 
   for (int64_t j = 0; j < 64; ++j) keep[j] = 0;
   if (rule.threshold > 0xFFFF) return;  // p' = 1: every pair dropped
   const DU64 d;
-  const hn::Repartition<uint32_t, DU64> d32;
-  const hn::Repartition<uint16_t, DU64> d16;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto m0 = hn::Set(d32, kPhiloxM0), m1 = hn::Set(d32, kPhiloxM1);
-  const auto threshold = hn::Set(d16, static_cast<uint16_t>(rule.threshold));
-  constexpr int kInFlight = 4;  // query groups of one instance, in flight
+  constexpr int kInFlight = 4;       // query groups of one instance, in flight
   const VU64 lane = hn::Iota(d, 0);  // built once (see DropoutRowGroup)
   const uint32_t nibble_bits =
       static_cast<uint32_t>((uint64_t{1} << (4 * lanes)) - 1) & 0x11111111u;
@@ -143,35 +159,16 @@ HWY_INLINE void DropoutKeyColumns(const DropoutRule& rule, uint32_t bh, int64_t 
         x[r][2] = hn::Set(d, static_cast<uint32_t>(column_product >> 32) ^ rule.offset ^ rule.key1);
         x[r][3] = hn::Set(d, static_cast<uint32_t>(column_product));
       }
-      uint32_t k0 = rule.key0 + kPhiloxW0, k1 = rule.key1 + kPhiloxW1;
-      for (int round = 1; round < kPhiloxRounds; ++round) {
-        const VU64 key0 = hn::Set(d, k0), key1 = hn::Set(d, k1);
-        for (int r = 0; r < kInFlight; ++r) {
-          const VU64 p0 = hn::MulEven(hn::BitCast(d32, x[r][0]), m0);
-          const VU64 p1 = hn::MulEven(hn::BitCast(d32, x[r][2]), m1);
-          x[r][0] = hn::Xor3(hn::ShiftRight<32>(p1), x[r][1], key0);
-          x[r][1] = p1;
-          x[r][2] = hn::Xor3(hn::ShiftRight<32>(p0), x[r][3], key1);
-          x[r][3] = p0;
-        }
-        k0 += kPhiloxW0;
-        k1 += kPhiloxW1;
-      }
+      PhiloxRounds<kInFlight>(x, 1, rule.key0, rule.key1);
       for (int r = 0; r < kInFlight && i + r * lanes < q_count; ++r) {
         const int64_t first = i + r * lanes;
         const uint32_t in_range =
             q_count - first >= lanes
                 ? ~uint32_t{0}
                 : static_cast<uint32_t>((uint64_t{1} << (q_count - first)) - 1);
-        const auto low = hn::BitCast(d16, hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x[r][1])),
-                                                      hn::BitCast(d32, x[r][0])));
-        const auto high = hn::BitCast(d16, hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x[r][3])),
-                                                       hn::BitCast(d32, x[r][2])));
-        uint32_t kept_low = 0, kept_high = 0;
-        hn::StoreMaskBits(d16, hn::Eq(hn::SaturatedSub(threshold, low), hn::Zero(d16)),
-                          reinterpret_cast<uint8_t*>(&kept_low));
-        hn::StoreMaskBits(d16, hn::Eq(hn::SaturatedSub(threshold, high), hn::Zero(d16)),
-                          reinterpret_cast<uint8_t*>(&kept_high));
+        const KeptDraws kept = KeptDrawsOf(x[r], static_cast<uint16_t>(rule.threshold));
+        const auto kept_low = static_cast<uint32_t>(kept.low);
+        const auto kept_high = static_cast<uint32_t>(kept.high);
         for (int t = 0; t < 4; ++t) {
           kept_keys[t] |= uint64_t{_pext_u32(kept_low, nibble_bits << t) & in_range} << first;
           kept_keys[4 + t] |= uint64_t{_pext_u32(kept_high, nibble_bits << t) & in_range} << first;
