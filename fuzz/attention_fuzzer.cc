@@ -364,7 +364,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   g_case += " threads " + std::to_string(options.threads) +
             (detail::block_skipping() ? "" : " no-skipping");
   Tensor out(dtype, {s.B, s.Hq, s.Lq, s.Dv}), lse(DType::f32, {s.B, s.Hq, s.Lq});
+  const bool dropout = in.ConsumeBool();
+  const double dropout_p = in.ConsumeProbability<double>();
+  const uint64_t dropout_seed = in.ConsumeIntegral<uint64_t>();
   if (!check_forward(q, k, v, mask, mods, options, comparable, out, lse)) return 0;
   check_backward(q, k, v, dout, out, lse, mask, mods, options, comparable);
+  if (dropout) {
+    // Attention dropout: both kernels must drop the same pairs (the reference applies the
+    // definition pair by pair, the fused kernel 64 pairs at a time), so they agree as without.
+    options.dropout = Dropout{dropout_p, dropout_seed, 0};
+    g_case += " dropout " + std::to_string(dropout_p);
+    check_forward(q, k, v, mask, mods, options, comparable, out, lse);
+  }
   return 0;
 }
