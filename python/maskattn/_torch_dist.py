@@ -145,13 +145,15 @@ def _length(value, name: str):
     return length
 
 
-def problem_parameters(q, k, v, mask, mods, scale) -> dict:
-    """What every rank must give alike, by name: the global problem and the message sizes."""
+def problem_parameters(q, k, v, mask, mods, scale, dropout) -> dict:
+    """What every rank must give alike, by name: the global problem, its dropout (the pairs
+    dropped are the seed's) and the message sizes."""
     return {"batch": q.shape[0], "q heads": q.shape[1], "kv heads": k.shape[1],
             "head dim": q.shape[3], "value dim": v.shape[3], "dtype": str(q.dtype),
             "mask": None if mask is None else mask.describe(),
             "sinks": 0 if mods is None else len(mods.sinks),
-            "bias given": mods is not None and mods.bias is not None, "scale": scale}
+            "bias given": mods is not None and mods.bias is not None, "scale": scale,
+            "dropout": tuple(dropout)}
 
 
 class Problem(NamedTuple):

@@ -317,8 +317,7 @@ def ring_attention(group, q, k, v, mask, mods, *, layout, q_len, k_len, scale, d
                                  ("[B,Hq,nq,D]", "[B,Hkv,nk,D]", "[B,Hkv,nk,Dv]"))
         resolved.append(dropout())
         rows = {"q": (q.shape[2], "q"), "k": (k.shape[2], "k"), "v": (v.shape[2], "k")}
-        return rows, dict(problem_parameters(q, k, v, mask, mods, checked_scale),
-                          dropout=tuple(resolved[0]))
+        return rows, problem_parameters(q, k, v, mask, mods, checked_scale, resolved[0])
 
     problem = agree_on_problem(ring, prepare, layout, q_len, k_len)
     options = slice_options(scale, dtype, threads, kernel, products, resolved[0])
@@ -357,8 +356,7 @@ def ring_attention_backward(group, q, k, v, out, lse, dout, mask, mods, *, layou
             ("q", q, "q"), ("k", k, "k"), ("v", v, "k"), ("out", out, "q"), ("lse", lse, "q"),
             ("dout", dout, "q"))}
         resolved.append(dropout())
-        return rows, dict(problem_parameters(q, k, v, mask, mods, checked_scale),
-                          dropout=tuple(resolved[0]))
+        return rows, problem_parameters(q, k, v, mask, mods, checked_scale, resolved[0])
 
     problem = agree_on_problem(ring, prepare, layout, q_len, k_len)
     options = slice_options(scale, dtype, threads, kernel, products, resolved[0])

@@ -33,7 +33,7 @@ from __future__ import annotations
 import sys
 
 from . import _api, _core
-from ._dropout import backward_seed, checked_dropout, seed_for
+from ._dropout import Dropout, backward_seed, checked_dropout, seed_for
 from ._arrays import Error, core_view, empty_like_framework, is_torch, new_output, threads_arg
 from ._ring_plan import LAYOUTS, checked_layout  # noqa: F401  (LAYOUTS: dist.LAYOUTS)
 
@@ -237,7 +237,7 @@ def ring_attention(q, k, v, mask=None, mods=None, *, comm=None, layout="zigzag",
     _core.ring_attention(
         comm.py2f(), q_len, k_len, qb, kb, vb, out_view, mask, mods, lse_view, checked_scale,
         threads_arg(threads), kernel, products, layout, element,
-        **_dropout_args(agreed_dropout),
+        **Dropout(*agreed_dropout).core_args(),
     )
     return (result, lse) if return_lse else result
 
@@ -284,15 +284,9 @@ def ring_attention_backward(q, k, v, out, lse, dout, mask=None, mods=None, *, co
     _core.ring_attention_backward(
         comm.py2f(), q_len, k_len, qb, kb, vb, ob, lse_view, db, *grad_views, mask, mods,
         checked_scale, threads_arg(threads), kernel, products, layout, element,
-        **_dropout_args(agreed_dropout),
+        **Dropout(*agreed_dropout).core_args(),
     )
     return tuple(grads)
-
-
-def _dropout_args(dropout):
-    """The bindings' keyword arguments of an agreed (p, seed, offset)."""
-    p, seed, offset = dropout
-    return dict(dropout_p=p, dropout_seed=seed or 0, dropout_offset=offset)
 
 
 def _make_autograd_function():

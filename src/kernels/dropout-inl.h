@@ -9,7 +9,9 @@
 // side by side, one per u64 lane; interleaving x0 with x1 (and x2 with x3) as u32 lanes puts the
 // draws of keys 0..31 (32..63) in key order in 16-bit lanes, and one saturating subtraction and
 // compare per vector gives the row's 64 keep bits as two lane masks. The forward's tile, which
-// wants bits per key over 64 queries, makes 64 rows and transposes them (transpose_bits).
+// wants bits per key over 64 queries, runs one instance across 8 queries instead and picks each
+// key's query bits out of the lane masks with pext (DropoutKeyColumns); targets without BMI2 make
+// 64 rows and transpose them (transpose_bits).
 //
 // A Philox round on u64 lanes holding 32-bit words is two MulEven (32×32→64), two shifts and two
 // three-way XORs: the low half of a product is the product itself, since MulEven reads only the low
@@ -34,6 +36,7 @@
 #include <cstdint>
 
 #include "core/dropout.h"
+#include "kernels/simd-inl.h"
 #include "kernels/transpose_bits.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -250,30 +253,21 @@ HWY_INLINE void DropoutColumnBitsAt(const DropoutRule& rule, uint32_t bh, int64_
 #endif
 }
 
-// s[r·64 + j] ← keep bit j of row r ? scale·s : 0, for rows r < count of 64 floats (the forward's
-// Pᵀ by keys, the backward's P and dP by queries, the row kernel's weights). The bits load
-// straight into the lane masks; scale 1 (the forward, which scales once at the end) multiplies
-// nothing.
+// s[r·64 + j] ← keep bit j of row r ? scale·s : 0, for rows r < count of 64 floats (the
+// backward's P and dP by queries, the row kernel's weights). Scale 1 (the row kernel, which
+// scales once at the end) multiplies nothing.
 HWY_INLINE void ApplyDropoutRows(const uint64_t* keep, int64_t count, float scale,
                                  float* HWY_RESTRICT s) {
   const hn::ScalableTag<float> df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const size_t N = hn::Lanes(df);
   const auto factor = hn::Set(df, scale);
   for (int64_t r = 0; r < count; ++r) {
-    const auto* row_bits = reinterpret_cast<const uint8_t*>(keep + r);
-    for (int64_t j = 0; j < 64; j += N) {
+    for (size_t j = 0; j < 64; j += N) {
       float* at = s + r * 64 + j;
-      // Lanes j..j+N of the row: N bits from byte j/8 (N ≥ 8), or a shifted byte (N < 8).
-      uint8_t lane_bits[8] = {};
-      if (N >= 8) {
-        lane_bits[0] = row_bits[j / 8];
-        if (N == 16) lane_bits[1] = row_bits[j / 8 + 1];
-      } else {
-        lane_bits[0] = static_cast<uint8_t>(row_bits[j / 8] >> (j % 8));
-      }
-      const auto kept = hn::LoadMaskBits(df, lane_bits);
       const auto x = hn::LoadU(df, at);
-      hn::StoreU(hn::IfThenElseZero(kept, scale == 1.0f ? x : hn::Mul(factor, x)), df, at);
+      hn::StoreU(
+          hn::IfThenElseZero(LanesKept(df, keep[r], j), scale == 1.0f ? x : hn::Mul(factor, x)), df,
+          at);
     }
   }
 }

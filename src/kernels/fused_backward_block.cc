@@ -282,8 +282,10 @@ void TilePair(const BackwardContext& c, const BackwardItem& item, const Backward
 
   // dP = dO·Vᵀ (with dropout: c·Z∘dP), then dS = P∘(dP − D) (then P ← c·Z∘P for dV).
   unit.backward_dp(c, pair, sc);
-  if (p.dropout.on) DropoutBits(c, pair, sc);
-  if (p.dropout.on) ApplyDropoutRows(sc.keep, q_count, p.dropout.keep_scale_f32, sc.ds);
+  if (p.dropout.on) {
+    DropoutBits(c, pair, sc);
+    ApplyDropoutRows(sc.keep, q_count, p.dropout.keep_scale_f32, sc.ds);
+  }
   ScoreGradients(c, b, h, q_first, q_count, j0, rows, sc.s, c.delta + row0, sc, sc.ds);
   if (p.dropout.on) ApplyDropoutRows(sc.keep, q_count, p.dropout.keep_scale_f32, sc.s);
 
