@@ -45,6 +45,7 @@ OWNERS = {
     "src/kernels/": "kernels",
     "src/attention.cc": "api",
     "src/attention_backward.cc": "api",
+    "src/paged_attention.cc": "api",
     "src/gradcheck.cc": "api",
     "src/validate.cc": "api",
     "src/validate.h": "api",

@@ -57,7 +57,8 @@ void F32Scores(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_
                const ActiveRows* active, Scratch& scratch) {
   const Problem& p = *c.problem;
   int64_t k_stride = 0;
-  const float* k = TileRows(p.k, blk.b, g, j0, rows, p.head_dim, scratch.k, k_stride);
+  const float* k =
+      KVTileRows(p.k, p.pages, true, blk.b, g, j0, rows, p.head_dim, scratch.k, k_stride);
   if (active != nullptr) {
     ScoresActive(k, k_stride, rows, p.head_dim, scratch.q_t, *active, scratch.s);
   } else {
@@ -70,7 +71,8 @@ void F32Accumulate(const Context& c, const Block& blk, int64_t g, int64_t j0, in
                    const ActiveRows* active, Scratch& scratch) {
   const Problem& p = *c.problem;
   int64_t v_stride = 0;
-  const float* v = TileRows(p.v, blk.b, g, j0, rows, p.value_dim, scratch.v, v_stride);
+  const float* v =
+      KVTileRows(p.v, p.pages, false, blk.b, g, j0, rows, p.value_dim, scratch.v, v_stride);
   if (active != nullptr) {
     AccumulateActive<false>(v, v_stride, p.value_dim, scratch.s, scratch.alpha, *active, scratch.o);
   } else {
@@ -149,8 +151,10 @@ bool fits(int64_t, int64_t, bool) {
   return true;
 }
 
-// K or V not f32 with contiguous rows: converted once per call.
+// K or V not f32 with contiguous rows: converted once per call (a paged cache's rows are decoded
+// per tile instead, kv_pages.h).
 bool converts(const Problem& p) {
+  if (p.pages != nullptr) return false;
   return p.k.dtype() != DType::f32 || p.k.stride(3) != 1 || p.v.stride(3) != 1;
 }
 

@@ -66,8 +66,11 @@ Mode choose_mode(const Problem& p) {
   mode.rows = p.q_len <= kRowModeQueries;
   const bool contiguous = p.q.stride(3) == 1 && p.k.stride(3) == 1 && p.v.stride(3) == 1;
   if (!mode.rows) {
-    mode.unit =
-        &product_unit(tile_products(p.q.dtype(), p.head_dim, p.value_dim, contiguous, p.products));
+    // A paged cache's rows are decoded per tile into f32 (kv_pages.h): the f32 unit reads them.
+    mode.unit = p.pages != nullptr
+                    ? &product_unit(Products::f32)
+                    : &product_unit(tile_products(p.q.dtype(), p.head_dim, p.value_dim, contiguous,
+                                                  p.products));
   }
   return mode;
 }

@@ -77,7 +77,8 @@ bool ValueTileFinite(const Context& c, int64_t b, int64_t g, int64_t k_tile, int
   if (known == 0) {
     bool finite = true;
     for (int64_t j = j0; j < j0 + rows; ++j) {
-      finite &= AllFinite(RowAsF32(p.v, b, g, j, p.value_dim, buffer), p.value_dim);
+      finite &=
+          AllFinite(KVRowAsF32(p.v, p.pages, false, b, g, j, p.value_dim, buffer), p.value_dim);
     }
     known = finite ? 1 : 2;
     flag.store(known, std::memory_order_relaxed);
@@ -170,7 +171,8 @@ void TileOutput(const Context& c, const Block& blk, int64_t g, int64_t j0, int64
   }
   const Problem& p = *c.problem;
   int64_t v_stride = 0;
-  const float* v = TileRows(p.v, blk.b, g, j0, rows, p.value_dim, scratch.v, v_stride);
+  const float* v =
+      KVTileRows(p.v, p.pages, false, blk.b, g, j0, rows, p.value_dim, scratch.v, v_stride);
   if (active != nullptr) {
     AccumulateActive<true>(v, v_stride, p.value_dim, scratch.s, scratch.alpha, *active, scratch.o);
   } else {

@@ -43,6 +43,7 @@
 #include "kernels/convert-inl.h"
 #include "kernels/dropout-inl.h"
 #include "kernels/fused_block.h"
+#include "kernels/quantized_rows-inl.h"
 #include "kernels/score_chain.h"
 #include "kernels/softmax-inl.h"
 
@@ -56,15 +57,17 @@ using VF = hn::Vec<DF>;
 
 constexpr int64_t kPrefetchRows = 8;
 
-// A key or value tile read in place by the row kernel: rows of f32, f16 or bf16 with unit inner
-// stride, `stride` elements apart (decoding reads each row once, so converting first would only
-// add a pass over memory).
+// A run of key or value rows read in place by the row kernel: rows of f32, f16 or bf16 with unit
+// inner stride `stride` elements apart, or quantized rows (kv_format.h) `row_bytes` apart
+// (decoding reads each row once, so converting first would only add a pass over memory).
 struct RowSource {
   const void* base = nullptr;
   DType dtype = DType::f32;
-  int64_t stride = 0;       // elements between rows
-  int64_t row_bytes = 0;    // bytes between rows
-  int64_t width_bytes = 0;  // bytes of one row's data
+  KVFormat format = KVFormat::f32;  // a quantized format, or the dtype's own
+  int64_t stride = 0;               // elements between rows (unquantized formats)
+  int64_t row_bytes = 0;            // bytes between rows
+  int64_t width_bytes = 0;          // bytes of one row's data
+  int64_t group = 0;                // elements per scale (quantized formats)
 };
 
 RowSource SourceRows(const TensorView& t, int64_t b, int64_t g, int64_t j0, int64_t count,
@@ -73,11 +76,51 @@ RowSource SourceRows(const TensorView& t, int64_t b, int64_t g, int64_t j0, int6
     const auto* bytes = static_cast<const uint8_t*>(t.data()) +
                         t.offset({b, g, j0, 0}) * static_cast<int64_t>(dtype_size(t.dtype()));
     const auto element = static_cast<int64_t>(dtype_size(t.dtype()));
-    return {bytes, t.dtype(), t.stride(2), t.stride(2) * element, width * element};
+    return {bytes,           t.dtype(), kv_format_of(t.dtype()), t.stride(2), t.stride(2) * element,
+            width * element, 0};
   }
   int64_t stride = 0;
   const float* rows = TileRows(t, b, g, j0, count, width, buffer, stride);
-  return {rows, DType::f32, stride, stride * 4, width * 4};
+  return {rows, DType::f32, KVFormat::f32, stride, stride * 4, width * 4, 0};
+}
+
+// A tile's rows as runs sharing a stride: one run for a tensor; for a paged cache one per block
+// the tile touches, and a stride-0 run of the zero row past the sequence's end (kv_pages.h).
+constexpr int kMaxRuns = static_cast<int>(kTileK / 16) + 1;
+struct TileSource {
+  RowSource runs[kMaxRuns];
+  int64_t first[kMaxRuns + 1] = {};  // run r holds the tile's rows [first[r], first[r + 1])
+  int count = 0;
+};
+
+TileSource SourceTile(const Problem& p, bool keys, int64_t b, int64_t g, int64_t j0, int64_t count,
+                      float* buffer) {
+  TileSource tile;
+  const int64_t width = keys ? p.head_dim : p.value_dim;
+  if (p.pages == nullptr) {
+    tile.runs[0] = SourceRows(keys ? p.k : p.v, b, g, j0, count, width, buffer);
+    tile.first[1] = count;
+    tile.count = 1;
+    return tile;
+  }
+  const KVPages& pages = *p.pages;
+  const bool quantized = is_quantized(pages.format);
+  const DType dtype = quantized ? DType::f32 : kv_format_dtype(pages.format);
+  const int64_t element = static_cast<int64_t>(dtype_size(dtype));
+  for (int64_t j = j0; j < j0 + count; tile.count++) {
+    const int64_t end = pages.run_end(b, j, j0 + count), bytes = pages.run_stride(keys, b, j);
+    RowSource& run = tile.runs[tile.count];
+    run = {pages.row(keys, b, g, j),
+           dtype,
+           pages.format,
+           bytes / element,
+           bytes,
+           pages.row_bytes(keys),
+           kv_group_size(pages.format, keys, width)};
+    tile.first[tile.count + 1] = end - j0;
+    j = end;
+  }
+  return tile;
 }
 
 template <typename T>
@@ -96,19 +139,7 @@ float DotT(const float* HWY_RESTRICT a, const T* HWY_RESTRICT b, int64_t count) 
   return sum;
 }
 
-#if HWY_TARGET != HWY_SCALAR  // one-lane vectors have no blocks to interleave
-// The four-lane vector of block sums: lane i = Σ over the 128-bit blocks of v of their lane i.
-template <class D>
-HWY_INLINE hn::Vec<hn::Full128<float>> SumOfBlocks(D d, hn::Vec<D> v) {
-  if constexpr (hn::MaxLanes(D()) > 4) {
-    const hn::Half<D> dh;
-    return SumOfBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
-  } else {
-    (void)d;
-    return v;
-  }
-}
-
+#if HWY_TARGET != HWY_SCALAR  // one-lane vectors: scores one key at a time
 // out[x] = Σ_d q[d]·K[x][d] for four key rows (row x at k + x·stride). The four accumulators are
 // reduced together (an interleave tree inside 128-bit blocks, then the blocks summed) instead of
 // one horizontal sum per key, which cost more than the key's products when decoding.
@@ -126,13 +157,7 @@ HWY_INLINE void DotFour(const float* HWY_RESTRICT q, const T* HWY_RESTRICT k, in
     a2 = hn::MulAdd(qv, LoadAsFloat(k + 2 * stride + d), a2);
     a3 = hn::MulAdd(qv, LoadAsFloat(k + 3 * stride + d), a3);
   }
-  const hn::Repartition<uint64_t, DF> d64;
-  const VF t01 = hn::Add(hn::InterleaveLower(df, a0, a1), hn::InterleaveUpper(df, a0, a1));
-  const VF t23 = hn::Add(hn::InterleaveLower(df, a2, a3), hn::InterleaveUpper(df, a2, a3));
-  const auto w01 = hn::BitCast(d64, t01), w23 = hn::BitCast(d64, t23);
-  const VF blocks = hn::Add(hn::BitCast(df, hn::InterleaveLower(d64, w01, w23)),
-                            hn::BitCast(df, hn::InterleaveUpper(d64, w01, w23)));
-  hn::StoreU(SumOfBlocks(df, blocks), hn::Full128<float>(), out);
+  StoreSumsOfFour(df, a0, a1, a2, a3, out);
   for (; d < dim; ++d) {
     for (int x = 0; x < 4; ++x) out[x] += q[d] * AsFloat(k[x * stride + d]);
   }
@@ -241,21 +266,56 @@ BlockMap::TileRange UnionOfBands(const Context& c, int64_t b, const Row* rows, i
   return band;
 }
 
-// s[j] = q·K[j0 + j] for the `count` keys of the tile; the first row of a batch (prefetch) also
-// requests the key rows ahead.
-void DotKeys(const float* q, const RowSource& k, int64_t count, int64_t dim, bool prefetch,
-             float* s) {
-  (void)prefetch;  // unused by the one-lane (scalar) target
+// Calls fn(std::integral_constant<KVFormat, F>) for a quantized format F.
+template <typename Fn>
+HWY_INLINE void WithQuantized(KVFormat format, Fn&& fn) {
+  switch (format) {
+    case KVFormat::int8:
+      fn(std::integral_constant<KVFormat, KVFormat::int8>());
+      break;
+    case KVFormat::fp8_e4m3:
+      fn(std::integral_constant<KVFormat, KVFormat::fp8_e4m3>());
+      break;
+    case KVFormat::fp8_e5m2:
+      fn(std::integral_constant<KVFormat, KVFormat::fp8_e5m2>());
+      break;
+    case KVFormat::q4:
+      fn(std::integral_constant<KVFormat, KVFormat::q4>());
+      break;
+    default:
+      break;
+  }
+}
+
+HWY_INLINE void PrefetchAhead(const RowSource& k, int64_t j, int64_t count) {
+  for (int64_t ahead = j + kPrefetchRows; ahead < std::min(j + kPrefetchRows + 4, count); ++ahead) {
+    PrefetchSourceRow(k, ahead);
+  }
+}
+
+// s[j] = q·K[j] for the `count` rows of one run; with `prefetch` (the first row of a batch) the
+// key rows ahead are requested too.
+void DotRun(const float* q, const RowSource& k, int64_t count, int64_t dim, bool prefetch,
+            float* s) {
+  if (is_quantized(k.format)) {
+    const auto* keys = static_cast<const uint8_t*>(k.base);
+    WithQuantized(k.format, [&](auto format) {
+      int64_t j = 0;
+      for (; j + 4 <= count; j += 4) {
+        if (prefetch) PrefetchAhead(k, j, count);
+        DotFourQuantized<decltype(format)::value>(q, keys + j * k.row_bytes, k.row_bytes, dim,
+                                                  k.group, s + j);
+      }
+      for (; j < count; ++j)
+        s[j] = DotQuantized<decltype(format)::value>(q, keys + j * k.row_bytes, dim, k.group);
+    });
+    return;
+  }
   WithRow(k, 0, [&](const auto* keys) {
     int64_t j = 0;
 #if HWY_TARGET != HWY_SCALAR
     for (; j + 4 <= count; j += 4) {
-      if (prefetch) {
-        for (int64_t ahead = j + kPrefetchRows; ahead < std::min(j + kPrefetchRows + 4, count);
-             ++ahead) {
-          PrefetchSourceRow(k, ahead);
-        }
-      }
+      if (prefetch) PrefetchAhead(k, j, count);
       DotFour(q, keys + j * k.stride, k.stride, dim, s + j);
     }
 #endif
@@ -263,9 +323,37 @@ void DotKeys(const float* q, const RowSource& k, int64_t count, int64_t dim, boo
   });
 }
 
+// s[j] = q·K[j0 + j] for the `count` keys of the tile, run by run.
+void DotKeys(const float* q, const TileSource& k, int64_t dim, bool prefetch, float* s) {
+  for (int r = 0; r < k.count; ++r) {
+    DotRun(q, k.runs[r], k.first[r + 1] - k.first[r], dim, prefetch, s + k.first[r]);
+  }
+}
+
+// out += Σ_j w[j]·V[j] over the tile's value rows, run by run (each element one sum in key order).
+void AccumulateTile(const TileSource& v, int64_t value_dim, const float* w, float* out,
+                    bool prefetch) {
+  for (int r = 0; r < v.count; ++r) {
+    const RowSource& run = v.runs[r];
+    const int64_t count = v.first[r + 1] - v.first[r];
+    if (is_quantized(run.format)) {
+      WithQuantized(run.format, [&](auto format) {
+        AccumulateQuantized<decltype(format)::value>(static_cast<const uint8_t*>(run.base),
+                                                     run.row_bytes, count, value_dim, run.group,
+                                                     w + v.first[r], out);
+      });
+      continue;
+    }
+    WithRow(run, 0, [&](const auto* values) {
+      AccumulateValues(values, run.stride, count, value_dim, w + v.first[r], out,
+                       prefetch ? &run : nullptr);
+    });
+  }
+}
+
 // Row r's final scores for key tile [j0, j0 + count), padded with −inf to a whole tile: the
 // product, then the mask (−inf for hidden pairs) and the modifier chain on the allowed ones.
-void RowScores(const Context& c, int64_t b, Row row, int64_t r, TileKind kind, const RowSource& k,
+void RowScores(const Context& c, int64_t b, Row row, int64_t r, TileKind kind, const TileSource& k,
                int64_t j0, int64_t count, Scratch& scratch) {
   const Problem& p = *c.problem;
   float* s = scratch.s + r * kTileK;
@@ -274,7 +362,7 @@ void RowScores(const Context& c, int64_t b, Row row, int64_t r, TileKind kind, c
     std::fill(s, s + count, -INFINITY);
     return;
   }
-  DotKeys(scratch.q_rows + r * p.head_dim, k, count, p.head_dim, r == 0, s);
+  DotKeys(scratch.q_rows + r * p.head_dim, k, p.head_dim, r == 0, s);
   const uint64_t* allowed = nullptr;
   if (kind == TileKind::partial) {
     c.tile_masks->build(b, row.h, row.i, 1, j0, count, scratch.allowed);
@@ -310,7 +398,7 @@ void AttendRows(const Context& c, int64_t b, const Row* rows, int64_t row_count,
       any |= kinds[r] != TileKind::empty;
     }
     if (!any) continue;
-    const RowSource k = SourceRows(p.k, b, g, j0, count, p.head_dim, scratch.k);
+    const TileSource k = SourceTile(p, true, b, g, j0, count, scratch.k);
     for (int64_t r = 0; r < row_count; ++r) {
       RowScores(c, b, rows[r], r, kinds[r], k, j0, count, scratch);
       const float alpha = SoftmaxStepRow<kTileK>(scratch.s + r * kTileK, scratch.row_max[r],
@@ -326,12 +414,9 @@ void AttendRows(const Context& c, int64_t b, const Row* rows, int64_t row_count,
         for (int64_t e = 0; e < p.value_dim; ++e) out[e] *= alpha;
       }
     }
-    const RowSource v = SourceRows(p.v, b, g, j0, count, p.value_dim, scratch.v);
+    const TileSource v = SourceTile(p, false, b, g, j0, count, scratch.v);
     for (int64_t r = 0; r < row_count; ++r) {
-      WithRow(v, 0, [&](const auto* values) {
-        AccumulateValues(values, v.stride, count, p.value_dim, scratch.s + r * kTileK,
-                         scratch.out + r * p.value_dim, r == 0 ? &v : nullptr);
-      });
+      AccumulateTile(v, p.value_dim, scratch.s + r * kTileK, scratch.out + r * p.value_dim, r == 0);
     }
   }
   for (int64_t r = 0; r < row_count; ++r) {

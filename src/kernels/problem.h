@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "core/dropout.h"
+#include "kernels/kv_pages.h"
 #include "mask/resolved_mask.h"
 #include "mask/resolved_mods.h"
 #include "maskattn/attention.h"
@@ -26,6 +27,9 @@ struct Problem {
   Products products = Products::automatic;
   // Attention dropout (core/dropout.h), resolved against the whole problem; off by default.
   DropoutRule dropout;
+  // K and V of a paged cache (kernels/kv_pages.h): read through block tables; k and v are then
+  // shape-only views of zeros. Null: k and v hold the keys and values.
+  const KVPages* pages = nullptr;
 
   // GQA/MQA: query heads [g·r, (g+1)·r) share kv head g, r = Hq / Hkv.
   int64_t kv_head(int64_t h) const { return h / (q_heads / kv_heads); }

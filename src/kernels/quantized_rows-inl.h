@@ -1,0 +1,259 @@
+// The row kernel's products on quantized cache rows (maskattn/kv_format.h), compiled once per
+// Highway target: scores q·k̂ of four keys at a time and O += Σ_j w_j·v̂_j, dequantizing in
+// registers. Nothing is widened in memory: decoding reads a cache row once, and the point of a
+// quantized cache is to read fewer bytes.
+//
+// Design. A row is [f16 scales][codes]; x̂ = scale_g · decode(code). The scale is constant over a
+// group, so a score is Σ_g scale_g · (Σ_{d∈g} q_d · decode(k_d)): the inner sums run on decoded
+// codes (exact small numbers: int8, q4's n − 8, fp8 values) and one FMA per group and key folds the
+// scale in; the four keys' sums are reduced together as fused_rows.cc's DotFour does. Values fold
+// the scale into the weight: w_j · scale_g multiplies the decoded codes of group g.
+//
+// Decoding in registers:
+//   int8   sign-extend to i32, convert;
+//   e5m2   the code is the top byte of an f16: shift into place, convert f16 → f32 (F16C);
+//   e4m3   the same f16 bits after moving the sign (s eeee mmm → s 0eeee mmm 0000000) are the value
+//          times 2⁻⁸ (exponent bias 15 instead of 7, subnormals included): the 2⁸ joins the scale;
+//   q4     nibbles zero-extended, minus 8 (the low nibbles of a group's 16 bytes are elements
+//          0–15, the high ones 16–31).
+// Lanes never straddle a group: groups are 32 elements or a whole row, and a vector is ≤ 16
+// floats; a whole-row group's last partial vector is finished by scalar code.
+#if defined(MASKATTN_KERNELS_QUANTIZED_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MASKATTN_KERNELS_QUANTIZED_ROWS_INL_H_
+#undef MASKATTN_KERNELS_QUANTIZED_ROWS_INL_H_
+#else
+#define MASKATTN_KERNELS_QUANTIZED_ROWS_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "maskattn/kv_format.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace maskattn::detail::fused {
+namespace HWY_NAMESPACE {
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+// out[x] = Σ lanes of a_x, for four accumulators: an interleave tree inside 128-bit blocks, then
+// the blocks summed (one reduction for four keys instead of four).
+template <class D>
+HWY_INLINE void StoreSumsOfFour(D df, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D> a2, hn::Vec<D> a3,
+                                float* HWY_RESTRICT out) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)df;
+  out[0] = hn::GetLane(a0), out[1] = hn::GetLane(a1), out[2] = hn::GetLane(a2);
+  out[3] = hn::GetLane(a3);
+#else
+  const hn::Repartition<uint64_t, D> d64;
+  const auto t01 = hn::Add(hn::InterleaveLower(df, a0, a1), hn::InterleaveUpper(df, a0, a1));
+  const auto t23 = hn::Add(hn::InterleaveLower(df, a2, a3), hn::InterleaveUpper(df, a2, a3));
+  const auto w01 = hn::BitCast(d64, t01), w23 = hn::BitCast(d64, t23);
+  auto blocks = hn::Add(hn::BitCast(df, hn::InterleaveLower(d64, w01, w23)),
+                        hn::BitCast(df, hn::InterleaveUpper(d64, w01, w23)));
+  if constexpr (hn::MaxLanes(D()) > 8) {
+    const hn::Half<D> dh;
+    const auto half = hn::Add(hn::LowerHalf(dh, blocks), hn::UpperHalf(dh, blocks));
+    const hn::Half<decltype(dh)> dq;
+    hn::StoreU(hn::Add(hn::LowerHalf(dq, half), hn::UpperHalf(dq, half)), dq, out);
+  } else if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    hn::StoreU(hn::Add(hn::LowerHalf(dh, blocks), hn::UpperHalf(dh, blocks)), dh, out);
+  } else {
+    hn::StoreU(blocks, df, out);
+  }
+#endif
+}
+
+// The f16 scale of group g of a row, times the format's decoding factor (2⁸ for e4m3).
+// (Scales are finite: append() refuses anything else.)
+template <KVFormat F>
+HWY_INLINE float GroupScale(const uint8_t* row, int64_t g) {
+  uint16_t h;
+  std::memcpy(&h, row + 2 * g, 2);
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu;
+  float scale;
+  if (exponent == 0) {  // zero or subnormal: mantissa · 2⁻²⁴
+    scale = static_cast<float>(h & 0x3FFu) * (1.0f / 16777216.0f);
+    if (sign != 0) scale = -scale;
+  } else {
+    const uint32_t bits =
+        sign | ((exponent + 112u) << 23) | (static_cast<uint32_t>(h & 0x3FFu) << 13);
+    std::memcpy(&scale, &bits, 4);
+  }
+  return F == KVFormat::fp8_e4m3 ? scale * 256.0f : scale;
+}
+
+// Bytes of codes before element `first` of a row (q4: two per byte).
+template <KVFormat F>
+constexpr int64_t CodeOffset(int64_t first) {
+  return F == KVFormat::q4 ? first / 2 : first;
+}
+
+// The decoded codes of elements [e, e + lanes) of one group (`codes` at the group's first code;
+// e a multiple of the lane count, and for q4 below 32).
+template <KVFormat F, class D>
+HWY_INLINE hn::Vec<D> DecodeCodes(D df, const uint8_t* HWY_RESTRICT codes, int64_t e) {
+  if constexpr (F == KVFormat::int8) {
+    const hn::Rebind<int32_t, D> di;
+    const hn::Rebind<int8_t, D> d8;
+    return hn::ConvertTo(
+        df, hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(codes) + e)));
+  } else if constexpr (F == KVFormat::q4) {
+    const hn::Rebind<int32_t, D> di;
+    const hn::Rebind<uint8_t, D> d8;
+    auto nibbles = hn::PromoteTo(di, hn::LoadU(d8, codes + e % 16));
+    nibbles = e < 16 ? hn::And(nibbles, hn::Set(di, 0x0F)) : hn::ShiftRight<4>(nibbles);
+    return hn::Sub(hn::ConvertTo(df, nibbles), hn::Set(df, 8.0f));
+  } else {
+    const hn::Rebind<uint16_t, D> d16;
+    const hn::Rebind<uint8_t, D> d8;
+    const hn::Rebind<hwy::float16_t, D> dh;
+    auto bits = hn::PromoteTo(d16, hn::LoadU(d8, codes + e));
+    if constexpr (F == KVFormat::fp8_e5m2) {
+      bits = hn::ShiftLeft<8>(bits);
+    } else {
+      bits = hn::Or(hn::ShiftLeft<8>(hn::And(bits, hn::Set(d16, 0x80))),
+                    hn::ShiftLeft<7>(hn::And(bits, hn::Set(d16, 0x7F))));
+    }
+    return hn::PromoteTo(df, hn::BitCast(dh, bits));
+  }
+}
+
+// One decoded code, unscaled except for e4m3's 2⁻⁸ (as DecodeCodes): the scalar tails.
+template <KVFormat F>
+HWY_INLINE float DecodeCode(const uint8_t* codes, int64_t e) {
+  if constexpr (F == KVFormat::int8) {
+    return static_cast<float>(static_cast<int8_t>(codes[e]));
+  } else if constexpr (F == KVFormat::q4) {
+    const uint8_t byte = codes[e % 16];
+    return static_cast<float>(e < 16 ? (byte & 0x0F) : (byte >> 4)) - 8.0f;
+  } else if constexpr (F == KVFormat::fp8_e5m2) {
+    return float_from_fp8_e5m2(codes[e]);
+  } else {
+    return float_from_fp8_e4m3(codes[e]) * (1.0f / 256.0f);
+  }
+}
+
+// out[x] = q·k̂_x for the four rows at k + x·stride (bytes); `group` elements per scale.
+template <KVFormat F>
+HWY_INLINE void DotFourQuantized(const float* HWY_RESTRICT q, const uint8_t* HWY_RESTRICT k,
+                                 int64_t stride, int64_t dim, int64_t group,
+                                 float* HWY_RESTRICT out) {
+  const hn::ScalableTag<float> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t groups = (dim + group - 1) / group;
+  auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+  float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint8_t* rows[4] = {k, k + stride, k + 2 * stride, k + 3 * stride};
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t first = g * group, count = std::min(group, dim - first);
+    const int64_t codes = 2 * groups + CodeOffset<F>(first);
+    auto p0 = hn::Zero(df), p1 = hn::Zero(df), p2 = hn::Zero(df), p3 = hn::Zero(df);
+    int64_t e = 0;
+    for (; e + N <= count; e += N) {
+      const auto qv = hn::LoadU(df, q + first + e);
+      p0 = hn::MulAdd(qv, DecodeCodes<F>(df, rows[0] + codes, e), p0);
+      p1 = hn::MulAdd(qv, DecodeCodes<F>(df, rows[1] + codes, e), p1);
+      p2 = hn::MulAdd(qv, DecodeCodes<F>(df, rows[2] + codes, e), p2);
+      p3 = hn::MulAdd(qv, DecodeCodes<F>(df, rows[3] + codes, e), p3);
+    }
+    const float s[4] = {GroupScale<F>(rows[0], g), GroupScale<F>(rows[1], g),
+                        GroupScale<F>(rows[2], g), GroupScale<F>(rows[3], g)};
+    a0 = hn::MulAdd(hn::Set(df, s[0]), p0, a0);
+    a1 = hn::MulAdd(hn::Set(df, s[1]), p1, a1);
+    a2 = hn::MulAdd(hn::Set(df, s[2]), p2, a2);
+    a3 = hn::MulAdd(hn::Set(df, s[3]), p3, a3);
+    for (; e < count; ++e) {
+      for (int x = 0; x < 4; ++x)
+        tail[x] += s[x] * (q[first + e] * DecodeCode<F>(rows[x] + codes, e));
+    }
+  }
+  StoreSumsOfFour(df, a0, a1, a2, a3, out);
+  for (int x = 0; x < 4; ++x) out[x] += tail[x];
+}
+
+// q·k̂ for one row.
+template <KVFormat F>
+HWY_INLINE float DotQuantized(const float* HWY_RESTRICT q, const uint8_t* HWY_RESTRICT k,
+                              int64_t dim, int64_t group) {
+  const hn::ScalableTag<float> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t groups = (dim + group - 1) / group;
+  auto acc = hn::Zero(df);
+  float tail = 0.0f;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t first = g * group, count = std::min(group, dim - first);
+    const uint8_t* codes = k + 2 * groups + CodeOffset<F>(first);
+    auto part = hn::Zero(df);
+    int64_t e = 0;
+    for (; e + N <= count; e += N) {
+      part = hn::MulAdd(hn::LoadU(df, q + first + e), DecodeCodes<F>(df, codes, e), part);
+    }
+    const float s = GroupScale<F>(k, g);
+    acc = hn::MulAdd(hn::Set(df, s), part, acc);
+    for (; e < count; ++e) tail += s * (q[first + e] * DecodeCode<F>(codes, e));
+  }
+  return hn::GetLane(hn::SumOfLanes(df, acc)) + tail;
+}
+
+// out[e] += Σ_j w[j]·v̂_j[e] for e in [e0, e0 + kVectors·N): the output vectors stay in registers
+// across the keys; zero weights are skipped (a hidden key's row is never read).
+template <KVFormat F, int kVectors>
+HWY_INLINE void AccumulateQuantizedVectors(const uint8_t* HWY_RESTRICT v, int64_t stride,
+                                           int64_t count, int64_t e0, int64_t value_dim,
+                                           int64_t group, const float* HWY_RESTRICT w,
+                                           float* HWY_RESTRICT out) {
+  const hn::ScalableTag<float> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t groups = (value_dim + group - 1) / group;
+  hn::Vec<decltype(df)> acc[kVectors];
+  for (int x = 0; x < kVectors; ++x) acc[x] = hn::LoadU(df, out + e0 + x * N);
+  for (int64_t j = 0; j < count; ++j, v += stride) {
+    if (w[j] == 0.0f) continue;
+    for (int x = 0; x < kVectors; ++x) {
+      const int64_t e = e0 + x * N, g = e / group;
+      const float weight = w[j] * GroupScale<F>(v, g);
+      const uint8_t* codes = v + 2 * groups + CodeOffset<F>(g * group);
+      acc[x] = hn::MulAdd(hn::Set(df, weight), DecodeCodes<F>(df, codes, e - g * group), acc[x]);
+    }
+  }
+  for (int x = 0; x < kVectors; ++x) hn::StoreU(acc[x], df, out + e0 + x * N);
+}
+
+// out[e] += Σ_j w[j]·v̂_j[e] over `count` rows `stride` bytes apart and every column; each element
+// is one sum over j in order.
+template <KVFormat F>
+void AccumulateQuantized(const uint8_t* HWY_RESTRICT v, int64_t stride, int64_t count,
+                         int64_t value_dim, int64_t group, const float* HWY_RESTRICT w,
+                         float* HWY_RESTRICT out) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+  int64_t e = 0;
+  for (; e + 4 * N <= value_dim; e += 4 * N) {
+    AccumulateQuantizedVectors<F, 4>(v, stride, count, e, value_dim, group, w, out);
+  }
+  for (; e + N <= value_dim; e += N) {
+    AccumulateQuantizedVectors<F, 1>(v, stride, count, e, value_dim, group, w, out);
+  }
+  const int64_t groups = (value_dim + group - 1) / group;
+  for (; e < value_dim; ++e) {
+    const int64_t g = e / group;
+    float sum = out[e];
+    for (int64_t j = 0; j < count; ++j) {
+      if (w[j] == 0.0f) continue;
+      const uint8_t* row = v + j * stride;
+      sum += w[j] * GroupScale<F>(row, g) *
+             DecodeCode<F>(row + 2 * groups + CodeOffset<F>(g * group), e - g * group);
+    }
+    out[e] = sum;
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace maskattn::detail::fused
+HWY_AFTER_NAMESPACE();
+
+#endif  // MASKATTN_KERNELS_QUANTIZED_ROWS_INL_H_
