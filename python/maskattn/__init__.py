@@ -24,6 +24,7 @@ from ._api import (
     merge_partials,
 )
 from ._layouts import bigbird_layout, fixed_layout, strided_layout
+from ._paged import KV_FORMATS, PagedKVCache, attention_paged
 
 # The debugging and data tools (audit, health report, heatmaps, tokens and batches).
 from ._tools import (
@@ -81,5 +82,8 @@ __all__ = [
     "strided_layout",
     "fixed_layout",
     "gpt_loss_and_gradients",
+    "KV_FORMATS",
+    "PagedKVCache",
+    "attention_paged",
 ]
 __all__ += _tools.__all__

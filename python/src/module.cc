@@ -19,4 +19,5 @@ NB_MODULE(_core, m) {
   maskattn::python::bind_tools(m);
   maskattn::python::bind_gpt(m);
   maskattn::python::bind_dist(m);
+  maskattn::python::bind_paged(m);
 }
