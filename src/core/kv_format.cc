@@ -210,13 +210,14 @@ bool kv_encode_row(KVFormat format, bool keys, const float* values, int64_t widt
   uint8_t* codes = row + 2 * groups;
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t first = g * group, count = std::min(group, width - first);
-    float largest = 0.0f;  // the element of largest magnitude (signed, for q4)
+    int64_t largest_at = first;  // the element of largest magnitude (signed, for q4)
     for (int64_t e = first; e < first + count; ++e) {
-      if (std::fabs(values[e]) > std::fabs(largest)) largest = values[e];
+      if (std::fabs(values[e]) > std::fabs(values[largest_at])) largest_at = e;
     }
+    const float largest = values[largest_at];
     float16 scale;
     if (!f16_at_least(std::fabs(largest) / code_max(format), &scale)) {
-      *bad_index = first;
+      *bad_index = largest_at;
       return false;
     }
     // q4's scale carries the opposite sign of the largest element, which then decodes to −8.
