@@ -28,8 +28,8 @@ nb::ndarray<nb::numpy, float> decoded_array(std::vector<float> values, int64_t h
   return to_numpy(Array<float>({heads, length, width}, std::move(values)));
 }
 
-void append_binding(PagedKVCache& cache, int64_t sequence, const InputArray& k,
-                    const InputArray& v, const std::string& element) {
+void append_binding(PagedKVCache& cache, int64_t sequence, const InputArray& k, const InputArray& v,
+                    const std::string& element) {
   const TensorView kv = input_view(k, "k", element), vv = input_view(v, "v", element);
   nb::gil_scoped_release released;
   cache.append(sequence, kv, vv);
@@ -46,8 +46,8 @@ void attention_paged_binding(const InputArray& q, const PagedKVCache& cache,
   const MutableTensorView lv = optional_output(lse, "lse", "");
   const Options options = options_of(scale, threads, kernel, "auto", false);
   compute_released(mask, mods, [&] {
-    attention_paged(qv, cache, sequences, ov, query_lengths, mask_or_none(mask),
-                    mods_or_none(mods), options, lv);
+    attention_paged(qv, cache, sequences, ov, query_lengths, mask_or_none(mask), mods_or_none(mods),
+                    options, lv);
   });
 }
 
@@ -62,8 +62,8 @@ void bind_paged(nb::module_& m) {
             new (self) PagedKVCache(blocks, block_size, kv_heads, head_dim,
                                     parse_kv_format(format, "format"), value_dim);
           },
-          arg("blocks"), arg("block_size"), arg("kv_heads"), arg("head_dim"),
-          arg("format") = "f32", arg("value_dim") = 0)
+          arg("blocks"), arg("block_size"), arg("kv_heads"), arg("head_dim"), arg("format") = "f32",
+          arg("value_dim") = 0)
       .def_prop_ro("blocks", &PagedKVCache::blocks)
       .def_prop_ro("block_size", &PagedKVCache::block_size)
       .def_prop_ro("kv_heads", &PagedKVCache::kv_heads)
@@ -96,8 +96,8 @@ void bind_paged(nb::module_& m) {
           },
           arg("sequence"));
   m.def("attention_paged", &attention_paged_binding, arg("q"), arg("cache"), arg("sequences"),
-        arg("out"), arg("query_lengths"), arg("mask").none(), arg("mods").none(),
-        arg("lse").none(), arg("scale").none(), arg("threads"), arg("kernel"), arg("element"));
+        arg("out"), arg("query_lengths"), arg("mask").none(), arg("mods").none(), arg("lse").none(),
+        arg("scale").none(), arg("threads"), arg("kernel"), arg("element"));
 }
 
 }  // namespace maskattn::python
