@@ -246,3 +246,45 @@ TEST(PagedAttention, QuantizedCachesMatchTheReferenceOnTheirDecodedValues) {
 
 }  // namespace
 }  // namespace maskattn
+
+namespace maskattn {
+namespace {
+
+TEST(PagedKVCache, AcceptKeepsTheVerifiedPathAfterThePrefix) {
+  for (bool forked : {false, true}) {
+    PagedKVCache cache(16, 16, 2, 8, KVFormat::int8);
+    const int64_t s = cache.add_sequence();
+    const std::vector<float> k = test::random_values(2 * 30 * 8, 1);
+    cache.append(s, TensorView(k.data(), {2, 30, 8}), TensorView(k.data(), {2, 30, 8}));
+    const int64_t other = forked ? cache.fork(s) : -1;
+    const std::vector<float> before = cache.decoded_keys(s);
+    const std::vector<int64_t> path = {0, 2, 5, 9};  // draft = the last 12 positions
+    cache.accept(s, 12, path);
+    ASSERT_EQ(cache.length(s), 18 + 4);
+    const std::vector<float> after = cache.decoded_keys(s);
+    for (int64_t g = 0; g < 2; ++g) {
+      for (int64_t p = 0; p < 22; ++p) {
+        const int64_t source = p < 18 ? p : 18 + path[p - 18];
+        for (int64_t e = 0; e < 8; ++e) {
+          ASSERT_EQ(after[(g * 22 + p) * 8 + e], before[(g * 30 + source) * 8 + e]) << p;
+        }
+      }
+    }
+    if (forked) {
+      EXPECT_EQ(cache.decoded_keys(other), before);  // the fork's rows are untouched
+      cache.free(other);
+    }
+    cache.free(s);
+    EXPECT_EQ(cache.blocks_in_use(), 0);
+  }
+  PagedKVCache cache(4, 16, 1, 8);
+  const int64_t s = cache.add_sequence();
+  const std::vector<float> k(5 * 8, 1.0f);
+  cache.append(s, TensorView(k.data(), {1, 5, 8}), TensorView(k.data(), {1, 5, 8}));
+  EXPECT_MASKATTN_ERROR(cache.accept(s, 3, {1, 1}), "PagedKVCache::accept: path[1] = 1 must be");
+  EXPECT_MASKATTN_ERROR(cache.accept(s, 6, {}), "PagedKVCache::accept: draft = 6 must be in");
+  EXPECT_EQ(cache.length(s), 5);
+}
+
+}  // namespace
+}  // namespace maskattn

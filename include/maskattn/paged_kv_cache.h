@@ -62,6 +62,13 @@ class PagedKVCache {
   void append(int64_t sequence, const TensorView& k, const TensorView& v);
   // Drops positions from the end (speculative decoding's rollback), returning emptied blocks.
   void truncate(int64_t sequence, int64_t length);
+  // Speculative decoding's verification: the sequence's last `draft` positions are a draft (a
+  // chain or a tree, Mask::tree); keeps the draft positions `path` (indices into the draft,
+  // strictly increasing: the accepted tokens root to leaf), moved to follow the prefix, and drops
+  // the rest. Blocks shared with a fork are copied before they are written. Throws E148 for a
+  // path outside [0, draft) or not increasing, E146 when the copies find no free block; either
+  // way nothing changes.
+  void accept(int64_t sequence, int64_t draft, const std::vector<int64_t>& path);
   // Blocks an append of `count` more positions would take (copy-on-write included).
   int64_t blocks_needed(int64_t sequence, int64_t count) const;
 
@@ -92,6 +99,7 @@ class PagedKVCache {
   int32_t take_block();
   void release_block(int32_t block);
   void copy_block(int32_t from, int32_t to);
+  void copy_row(int32_t from_block, int64_t from_row, int32_t to_block, int64_t to_row);
   std::vector<float> decoded(int64_t sequence, bool keys) const;
 
   int64_t blocks_, block_size_, kv_heads_, head_dim_, value_dim_;

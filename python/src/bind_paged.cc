@@ -81,6 +81,7 @@ void bind_paged(nb::module_& m) {
       .def("live_sequences", &PagedKVCache::live_sequences)
       .def("truncate", &PagedKVCache::truncate, arg("sequence"), arg("length"))
       .def("blocks_needed", &PagedKVCache::blocks_needed, arg("sequence"), arg("count"))
+      .def("accept", &PagedKVCache::accept, arg("sequence"), arg("draft"), arg("path"))
       .def("block_table", &PagedKVCache::block_table, arg("sequence"))
       .def("_append", &append_binding, arg("sequence"), arg("k"), arg("v"), arg("element"))
       .def(

@@ -126,3 +126,67 @@ std::vector<float> PagedKVCache::decoded_values(int64_t id) const {
 }
 
 }  // namespace maskattn
+
+namespace maskattn {
+
+void PagedKVCache::copy_row(int32_t from_block, int64_t from_row, int32_t to_block,
+                            int64_t to_row) {
+  for (int64_t g = 0; g < kv_heads_; ++g) {
+    std::memmove(const_cast<uint8_t*>(key_row(to_block, to_row, g)),
+                 key_row(from_block, from_row, g), key_row_bytes_);
+    std::memmove(const_cast<uint8_t*>(value_row(to_block, to_row, g)),
+                 value_row(from_block, from_row, g), value_row_bytes_);
+  }
+}
+
+void PagedKVCache::accept(int64_t id, int64_t draft, const std::vector<int64_t>& path) {
+  Sequence& s = sequence(id, "accept");
+  if (draft < 0 || draft > s.length) {
+    throw Error("PagedKVCache::accept: draft = " + str(draft) + " must be in [0, length] = [0, " +
+                str(s.length) + "]");
+  }
+  for (size_t i = 0; i < path.size(); ++i) {
+    if (path[i] < 0 || path[i] >= draft || (i > 0 && path[i] <= path[i - 1])) {
+      throw Error("PagedKVCache::accept: path[" + str(static_cast<int64_t>(i)) +
+                  "] = " + str(path[i]) + " must be in [0, draft) = [0, " + str(draft) +
+                  ") and above the previous index: the accepted draft positions, root to leaf");
+    }
+  }
+  const int64_t prefix = s.length - draft, kept = static_cast<int64_t>(path.size());
+  // The first moved position is the first i with path[i] != i; blocks from its block to the
+  // kept end are written, and each one still shared needs a private copy first.
+  int64_t first_moved = kept;
+  for (int64_t i = 0; i < kept; ++i) {
+    if (path[i] != i) {
+      first_moved = i;
+      break;
+    }
+  }
+  const int64_t end = prefix + kept;
+  const int64_t first_block = (prefix + first_moved) / block_size_;
+  const int64_t last_block = end > prefix + first_moved ? (end - 1) / block_size_ : first_block - 1;
+  int64_t copies = 0;
+  for (int64_t b = first_block; b <= last_block; ++b) copies += references_[s.blocks[b]] > 1;
+  if (copies > free_blocks()) {
+    throw Error("PagedKVCache is out of blocks: accepting a path in sequence " + str(id) +
+                " writes " + str(copies) + " blocks it shares with a fork, and " +
+                str(free_blocks()) + " of " + str(blocks_) + " are free");
+  }
+  for (int64_t b = first_block; b <= last_block; ++b) {
+    if (references_[s.blocks[b]] > 1) {
+      const int32_t own = take_block();
+      copy_block(s.blocks[b], own);
+      release_block(s.blocks[b]);
+      s.blocks[b] = own;
+    }
+  }
+  // path[i] ≥ i, so moving in increasing i never overwrites a position still to be read.
+  for (int64_t i = first_moved; i < kept; ++i) {
+    const int64_t from = prefix + path[i], to = prefix + i;
+    copy_row(s.blocks[from / block_size_], from % block_size_, s.blocks[to / block_size_],
+             to % block_size_);
+  }
+  truncate(id, end);
+}
+
+}  // namespace maskattn
