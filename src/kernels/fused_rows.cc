@@ -300,14 +300,10 @@ void DotRun(const float* q, const RowSource& k, int64_t count, int64_t dim, bool
   if (is_quantized(k.format)) {
     const auto* keys = static_cast<const uint8_t*>(k.base);
     WithQuantized(k.format, [&](auto format) {
-      int64_t j = 0;
-      for (; j + 4 <= count; j += 4) {
-        if (prefetch) PrefetchAhead(k, j, count);
-        DotFourQuantized<decltype(format)::value>(q, keys + j * k.row_bytes, k.row_bytes, dim,
-                                                  k.group, s + j);
-      }
-      for (; j < count; ++j)
-        s[j] = DotQuantized<decltype(format)::value>(q, keys + j * k.row_bytes, dim, k.group);
+      DotQuantizedRun<decltype(format)::value>(q, keys, k.row_bytes, count, dim, k.group, s,
+                                               [&](int64_t j) {
+                                                 if (prefetch) PrefetchAhead(k, j, count);
+                                               });
     });
     return;
   }

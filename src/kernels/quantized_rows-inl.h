@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "maskattn/kv_format.h"
 
@@ -138,11 +139,40 @@ HWY_INLINE float DecodeCode(const uint8_t* codes, int64_t e) {
   }
 }
 
-// out[x] = q·k̂_x for the four rows at k + x·stride (bytes); `group` elements per scale.
+// scales[j·groups + g] = group g's scale of row j (rows `stride` bytes apart), times the format's
+// decoding factor: decoded once per row and tile, four at a time with the CPU's f16 conversion,
+// so that the products below broadcast them from memory instead of decoding one per group.
+template <KVFormat F>
+HWY_INLINE void DecodeScales(const uint8_t* HWY_RESTRICT rows, int64_t stride, int64_t count,
+                             int64_t groups, float* HWY_RESTRICT scales) {
+  const hn::CappedTag<float, 4> d4;
+  const hn::Rebind<hwy::float16_t, decltype(d4)> dh;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d4));
+  const auto factor = hn::Set(d4, F == KVFormat::fp8_e4m3 ? 256.0f : 1.0f);
+  for (int64_t j = 0; j < count; ++j) {
+    const auto* row = reinterpret_cast<const hwy::float16_t*>(rows + j * stride);
+    float* out = scales + j * groups;
+    int64_t g = 0;
+    for (; g + N <= groups; g += N) {
+      hn::StoreU(hn::Mul(hn::PromoteTo(d4, hn::LoadU(dh, row + g)), factor), d4, out + g);
+    }
+    for (; g < groups; ++g) out[g] = GroupScale<F>(rows + j * stride, g);
+  }
+}
+
+// A per-thread buffer of at least `count` floats for the scales of one run of rows.
+HWY_INLINE float* ScaleBuffer(int64_t count) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < count) buffer.resize(count);
+  return buffer.data();
+}
+
+// out[x] = q·k̂_x for the four rows at k + x·stride (bytes); `group` elements per scale,
+// `scales` the four rows' decoded scales (DecodeScales).
 template <KVFormat F>
 HWY_INLINE void DotFourQuantized(const float* HWY_RESTRICT q, const uint8_t* HWY_RESTRICT k,
                                  int64_t stride, int64_t dim, int64_t group,
-                                 float* HWY_RESTRICT out) {
+                                 const float* HWY_RESTRICT scales, float* HWY_RESTRICT out) {
   const hn::ScalableTag<float> df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t groups = (dim + group - 1) / group;
@@ -161,25 +191,24 @@ HWY_INLINE void DotFourQuantized(const float* HWY_RESTRICT q, const uint8_t* HWY
       p2 = hn::MulAdd(qv, DecodeCodes<F>(df, rows[2] + codes, e), p2);
       p3 = hn::MulAdd(qv, DecodeCodes<F>(df, rows[3] + codes, e), p3);
     }
-    const float s[4] = {GroupScale<F>(rows[0], g), GroupScale<F>(rows[1], g),
-                        GroupScale<F>(rows[2], g), GroupScale<F>(rows[3], g)};
-    a0 = hn::MulAdd(hn::Set(df, s[0]), p0, a0);
-    a1 = hn::MulAdd(hn::Set(df, s[1]), p1, a1);
-    a2 = hn::MulAdd(hn::Set(df, s[2]), p2, a2);
-    a3 = hn::MulAdd(hn::Set(df, s[3]), p3, a3);
+    a0 = hn::MulAdd(hn::Set(df, scales[g]), p0, a0);
+    a1 = hn::MulAdd(hn::Set(df, scales[groups + g]), p1, a1);
+    a2 = hn::MulAdd(hn::Set(df, scales[2 * groups + g]), p2, a2);
+    a3 = hn::MulAdd(hn::Set(df, scales[3 * groups + g]), p3, a3);
     for (; e < count; ++e) {
-      for (int x = 0; x < 4; ++x)
-        tail[x] += s[x] * (q[first + e] * DecodeCode<F>(rows[x] + codes, e));
+      for (int x = 0; x < 4; ++x) {
+        tail[x] += scales[x * groups + g] * (q[first + e] * DecodeCode<F>(rows[x] + codes, e));
+      }
     }
   }
   StoreSumsOfFour(df, a0, a1, a2, a3, out);
   for (int x = 0; x < 4; ++x) out[x] += tail[x];
 }
 
-// q·k̂ for one row.
+// q·k̂ for one row (`scales`: its decoded scales).
 template <KVFormat F>
 HWY_INLINE float DotQuantized(const float* HWY_RESTRICT q, const uint8_t* HWY_RESTRICT k,
-                              int64_t dim, int64_t group) {
+                              int64_t dim, int64_t group, const float* HWY_RESTRICT scales) {
   const hn::ScalableTag<float> df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t groups = (dim + group - 1) / group;
@@ -193,60 +222,89 @@ HWY_INLINE float DotQuantized(const float* HWY_RESTRICT q, const uint8_t* HWY_RE
     for (; e + N <= count; e += N) {
       part = hn::MulAdd(hn::LoadU(df, q + first + e), DecodeCodes<F>(df, codes, e), part);
     }
-    const float s = GroupScale<F>(k, g);
-    acc = hn::MulAdd(hn::Set(df, s), part, acc);
-    for (; e < count; ++e) tail += s * (q[first + e] * DecodeCode<F>(codes, e));
+    acc = hn::MulAdd(hn::Set(df, scales[g]), part, acc);
+    for (; e < count; ++e) tail += scales[g] * (q[first + e] * DecodeCode<F>(codes, e));
   }
   return hn::GetLane(hn::SumOfLanes(df, acc)) + tail;
 }
 
-// out[e] += Σ_j w[j]·v̂_j[e] for e in [e0, e0 + kVectors·N): the output vectors stay in registers
-// across the keys; zero weights are skipped (a hidden key's row is never read).
+// s[j] = q·k̂_j for `count` rows `stride` bytes apart: scales decoded once, then four keys at a
+// time (`prefetch(j)` is called before each group of four).
+template <KVFormat F, typename Prefetch>
+void DotQuantizedRun(const float* HWY_RESTRICT q, const uint8_t* HWY_RESTRICT keys, int64_t stride,
+                     int64_t count, int64_t dim, int64_t group, float* HWY_RESTRICT s,
+                     Prefetch&& prefetch) {
+  const int64_t groups = (dim + group - 1) / group;
+  float* scales = ScaleBuffer(count * groups);
+  DecodeScales<F>(keys, stride, count, groups, scales);
+  int64_t j = 0;
+  for (; j + 4 <= count; j += 4) {
+    prefetch(j);
+    DotFourQuantized<F>(q, keys + j * stride, stride, dim, group, scales + j * groups, s + j);
+  }
+  for (; j < count; ++j) {
+    s[j] = DotQuantized<F>(q, keys + j * stride, dim, group, scales + j * groups);
+  }
+}
+
+// out[e] += Σ_j weights[j·groups + g(e)]·decode(v_j[e]) for e in [e0, e0 + kVectors·N): the output
+// vectors stay in registers across the keys; keys of weight w[j] = 0 are skipped (a hidden key's
+// row is never read). Each vector's group and code offset are found once, not per key.
 template <KVFormat F, int kVectors>
 HWY_INLINE void AccumulateQuantizedVectors(const uint8_t* HWY_RESTRICT v, int64_t stride,
-                                           int64_t count, int64_t e0, int64_t value_dim,
+                                           int64_t count, int64_t e0, int64_t groups,
                                            int64_t group, const float* HWY_RESTRICT w,
+                                           const float* HWY_RESTRICT weights,
                                            float* HWY_RESTRICT out) {
   const hn::ScalableTag<float> df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t groups = (value_dim + group - 1) / group;
   hn::Vec<decltype(df)> acc[kVectors];
-  for (int x = 0; x < kVectors; ++x) acc[x] = hn::LoadU(df, out + e0 + x * N);
-  for (int64_t j = 0; j < count; ++j, v += stride) {
+  int64_t group_of[kVectors], codes_at[kVectors], lane_at[kVectors];  // per vector, once
+  for (int x = 0; x < kVectors; ++x) {
+    acc[x] = hn::LoadU(df, out + e0 + x * N);
+    const int64_t e = e0 + x * N;
+    group_of[x] = e / group;
+    codes_at[x] = 2 * groups + CodeOffset<F>(group_of[x] * group);
+    lane_at[x] = e - group_of[x] * group;
+  }
+  for (int64_t j = 0; j < count; ++j, v += stride, weights += groups) {
     if (w[j] == 0.0f) continue;
     for (int x = 0; x < kVectors; ++x) {
-      const int64_t e = e0 + x * N, g = e / group;
-      const float weight = w[j] * GroupScale<F>(v, g);
-      const uint8_t* codes = v + 2 * groups + CodeOffset<F>(g * group);
-      acc[x] = hn::MulAdd(hn::Set(df, weight), DecodeCodes<F>(df, codes, e - g * group), acc[x]);
+      acc[x] = hn::MulAdd(hn::Set(df, weights[group_of[x]]),
+                          DecodeCodes<F>(df, v + codes_at[x], lane_at[x]), acc[x]);
     }
   }
   for (int x = 0; x < kVectors; ++x) hn::StoreU(acc[x], df, out + e0 + x * N);
 }
 
-// out[e] += Σ_j w[j]·v̂_j[e] over `count` rows `stride` bytes apart and every column; each element
-// is one sum over j in order.
+// out[e] += Σ_j w[j]·v̂_j[e] over `count` rows `stride` bytes apart and every column: each row's
+// scales join its weight once (w_j·s_jg), then each element is one sum over j in order.
 template <KVFormat F>
 void AccumulateQuantized(const uint8_t* HWY_RESTRICT v, int64_t stride, int64_t count,
                          int64_t value_dim, int64_t group, const float* HWY_RESTRICT w,
                          float* HWY_RESTRICT out) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+  const int64_t groups = (value_dim + group - 1) / group;
+  float* weights = ScaleBuffer(count * groups);
+  DecodeScales<F>(v, stride, count, groups, weights);
+  for (int64_t j = 0; j < count; ++j) {
+    for (int64_t g = 0; g < groups; ++g) weights[j * groups + g] *= w[j];  // 0 stays 0 (finite)
+  }
   int64_t e = 0;
   for (; e + 4 * N <= value_dim; e += 4 * N) {
-    AccumulateQuantizedVectors<F, 4>(v, stride, count, e, value_dim, group, w, out);
+    AccumulateQuantizedVectors<F, 4>(v, stride, count, e, groups, group, w, weights, out);
   }
   for (; e + N <= value_dim; e += N) {
-    AccumulateQuantizedVectors<F, 1>(v, stride, count, e, value_dim, group, w, out);
+    AccumulateQuantizedVectors<F, 1>(v, stride, count, e, groups, group, w, weights, out);
   }
-  const int64_t groups = (value_dim + group - 1) / group;
   for (; e < value_dim; ++e) {
     const int64_t g = e / group;
     float sum = out[e];
     for (int64_t j = 0; j < count; ++j) {
-      if (w[j] == 0.0f) continue;
-      const uint8_t* row = v + j * stride;
-      sum += w[j] * GroupScale<F>(row, g) *
-             DecodeCode<F>(row + 2 * groups + CodeOffset<F>(g * group), e - g * group);
+      const float weight = weights[j * groups + g];
+      if (weight == 0.0f) continue;
+      sum += weight *
+             DecodeCode<F>(v + j * stride + 2 * groups + CodeOffset<F>(g * group), e - g * group);
     }
     out[e] = sum;
   }
