@@ -19,7 +19,6 @@
 #include <type_traits>
 
 #include "core/element.h"
-#include "kernels/kv_pages.h"
 #include "maskattn/tensor.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -174,26 +173,6 @@ HWY_INLINE const float* RowAsF32(const TensorView& t, int64_t b, int64_t g, int6
     return static_cast<const float*>(t.data()) + offset;
   }
   LoadRow(t, offset, t.stride(3), width, buffer);
-  return buffer;
-}
-
-// K (keys) or V read through a paged cache's block tables when `pages` is set (kv_pages.h),
-// decoded to f32 rows; otherwise TileRows and RowAsF32 on the tensor.
-inline const float* KVTileRows(const TensorView& t, const KVPages* pages, bool keys, int64_t b,
-                               int64_t g, int64_t j0, int64_t count, int64_t width, float* buffer,
-                               int64_t& row_stride) {
-  if (pages == nullptr) return TileRows(t, b, g, j0, count, width, buffer, row_stride);
-  row_stride = width;
-  for (int64_t r = 0; r < count; ++r) {
-    kv_decode_row(pages->format, keys, pages->row(keys, b, g, j0 + r), width, buffer + r * width);
-  }
-  return buffer;
-}
-
-HWY_INLINE const float* KVRowAsF32(const TensorView& t, const KVPages* pages, bool keys, int64_t b,
-                                   int64_t g, int64_t j, int64_t width, float* buffer) {
-  if (pages == nullptr) return RowAsF32(t, b, g, j, width, buffer);
-  kv_decode_row(pages->format, keys, pages->row(keys, b, g, j), width, buffer);
   return buffer;
 }
 

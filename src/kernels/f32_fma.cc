@@ -30,6 +30,7 @@
 #include "kernels/convert-inl.h"
 #include "kernels/fused_backward_block.h"
 #include "kernels/fused_block.h"
+#include "kernels/kv_rows-inl.h"
 #include "kernels/product-inl.h"
 #include "kernels/product_unit.h"
 #include "kernels/tile_products-inl.h"

@@ -49,6 +49,7 @@
 #include "kernels/convert-inl.h"
 #include "kernels/dropout-inl.h"
 #include "kernels/fused_block.h"
+#include "kernels/kv_rows-inl.h"
 #include "kernels/product_unit.h"
 #include "kernels/score_chain-inl.h"
 #include "kernels/scratch_arena.h"

@@ -43,7 +43,7 @@
 #include "kernels/convert-inl.h"
 #include "kernels/dropout-inl.h"
 #include "kernels/fused_block.h"
-#include "kernels/quantized_rows-inl.h"
+#include "kernels/kv_rows-inl.h"
 #include "kernels/score_chain.h"
 #include "kernels/softmax-inl.h"
 
@@ -264,27 +264,6 @@ BlockMap::TileRange UnionOfBands(const Context& c, int64_t b, const Row* rows, i
     if (row.first < row.end) band = {std::min(band.first, row.first), std::max(band.end, row.end)};
   }
   return band;
-}
-
-// Calls fn(std::integral_constant<KVFormat, F>) for a quantized format F.
-template <typename Fn>
-HWY_INLINE void WithQuantized(KVFormat format, Fn&& fn) {
-  switch (format) {
-    case KVFormat::int8:
-      fn(std::integral_constant<KVFormat, KVFormat::int8>());
-      break;
-    case KVFormat::fp8_e4m3:
-      fn(std::integral_constant<KVFormat, KVFormat::fp8_e4m3>());
-      break;
-    case KVFormat::fp8_e5m2:
-      fn(std::integral_constant<KVFormat, KVFormat::fp8_e5m2>());
-      break;
-    case KVFormat::q4:
-      fn(std::integral_constant<KVFormat, KVFormat::q4>());
-      break;
-    default:
-      break;
-  }
 }
 
 HWY_INLINE void PrefetchAhead(const RowSource& k, int64_t j, int64_t count) {

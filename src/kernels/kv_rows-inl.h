@@ -1,7 +1,9 @@
-// The row kernel's products on quantized cache rows (maskattn/kv_format.h), compiled once per
-// Highway target: scores q·k̂ of four keys at a time and O += Σ_j w_j·v̂_j, dequantizing in
-// registers. Nothing is widened in memory: decoding reads a cache row once, and the point of a
-// quantized cache is to read fewer bytes.
+// Reading KV cache rows (maskattn/kv_format.h, kernels/kv_pages.h), compiled once per Highway
+// target: the row kernel's products on quantized rows — scores q·k̂ of four keys at a time and
+// O += Σ_j w_j·v̂_j, dequantizing in registers (nothing is widened in memory: decoding reads a
+// cache row once, and the point of a quantized cache is to read fewer bytes) — and the tile
+// kernel's rows of a paged cache decoded to f32 tiles (KVTileRows), which a 64-query block reuses
+// 64 times.
 //
 // Design. A row is [f16 scales][codes]; x̂ = scale_g · decode(code). The scale is constant over a
 // group, so a score is Σ_g scale_g · (Σ_{d∈g} q_d · decode(k_d)): the inner sums run on decoded
@@ -18,11 +20,11 @@
 //          0–15, the high ones 16–31).
 // Lanes never straddle a group: groups are 32 elements or a whole row, and a vector is ≤ 16
 // floats; a whole-row group's last partial vector is finished by scalar code.
-#if defined(MASKATTN_KERNELS_QUANTIZED_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef MASKATTN_KERNELS_QUANTIZED_ROWS_INL_H_
-#undef MASKATTN_KERNELS_QUANTIZED_ROWS_INL_H_
+#if defined(MASKATTN_KERNELS_KV_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MASKATTN_KERNELS_KV_ROWS_INL_H_
+#undef MASKATTN_KERNELS_KV_ROWS_INL_H_
 #else
-#define MASKATTN_KERNELS_QUANTIZED_ROWS_INL_H_
+#define MASKATTN_KERNELS_KV_ROWS_INL_H_
 #endif
 
 #include <hwy/highway.h>
@@ -31,6 +33,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/convert-inl.h"
+#include "kernels/kv_pages.h"
 #include "maskattn/kv_format.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -252,8 +256,8 @@ void DotQuantizedRun(const float* HWY_RESTRICT q, const uint8_t* HWY_RESTRICT ke
 // row is never read). Each vector's group and code offset are found once, not per key.
 template <KVFormat F, int kVectors>
 HWY_INLINE void AccumulateQuantizedVectors(const uint8_t* HWY_RESTRICT v, int64_t stride,
-                                           int64_t count, int64_t e0, int64_t groups,
-                                           int64_t group, const float* HWY_RESTRICT w,
+                                           int64_t count, int64_t e0, int64_t groups, int64_t group,
+                                           const float* HWY_RESTRICT w,
                                            const float* HWY_RESTRICT weights,
                                            float* HWY_RESTRICT out) {
   const hn::ScalableTag<float> df;
@@ -310,8 +314,94 @@ void AccumulateQuantized(const uint8_t* HWY_RESTRICT v, int64_t stride, int64_t 
   }
 }
 
+// Calls fn(std::integral_constant<KVFormat, F>) for a quantized format F.
+template <typename Fn>
+HWY_INLINE void WithQuantized(KVFormat format, Fn&& fn) {
+  switch (format) {
+    case KVFormat::int8:
+      fn(std::integral_constant<KVFormat, KVFormat::int8>());
+      break;
+    case KVFormat::fp8_e4m3:
+      fn(std::integral_constant<KVFormat, KVFormat::fp8_e4m3>());
+      break;
+    case KVFormat::fp8_e5m2:
+      fn(std::integral_constant<KVFormat, KVFormat::fp8_e5m2>());
+      break;
+    case KVFormat::q4:
+      fn(std::integral_constant<KVFormat, KVFormat::q4>());
+      break;
+    default:
+      break;
+  }
+}
+
+// One quantized row decoded to `width` floats: x̂ = scale·code exactly as kv_decode_row computes
+// it (e4m3's 2⁸ sits in the scale and 2⁻⁸ in the code: both exact, so the product is the same).
+template <KVFormat F>
+HWY_INLINE void DecodeQuantizedRow(const uint8_t* HWY_RESTRICT row, int64_t width, int64_t group,
+                                   float* HWY_RESTRICT out) {
+  const hn::ScalableTag<float> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t groups = (width + group - 1) / group;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t first = g * group, count = std::min(group, width - first);
+    const uint8_t* codes = row + 2 * groups + CodeOffset<F>(first);
+    const float s = GroupScale<F>(row, g);
+    int64_t e = 0;
+    for (; e + N <= count; e += N) {
+      hn::StoreU(hn::Mul(hn::Set(df, s), DecodeCodes<F>(df, codes, e)), df, out + first + e);
+    }
+    for (; e < count; ++e) out[first + e] = s * DecodeCode<F>(codes, e);
+  }
+}
+
+// One cache row of any format as `width` floats in `out`.
+HWY_INLINE void DecodeCacheRow(KVFormat format, bool keys, const uint8_t* HWY_RESTRICT row,
+                               int64_t width, float* HWY_RESTRICT out) {
+  if (!is_quantized(format)) {
+    const auto widen = [&](const auto* in) {
+      const hn::ScalableTag<float> df;
+      const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+      int64_t e = 0;
+      for (; e + N <= width; e += N) hn::StoreU(LoadAsFloat(in + e), df, out + e);
+      for (; e < width; ++e) out[e] = AsFloat(in[e]);
+    };
+    if (format == KVFormat::f16) {
+      widen(reinterpret_cast<const hwy::float16_t*>(row));
+    } else if (format == KVFormat::bf16) {
+      widen(reinterpret_cast<const hwy::bfloat16_t*>(row));
+    } else {
+      std::memcpy(out, row, width * sizeof(float));
+    }
+    return;
+  }
+  const int64_t group = kv_group_size(format, keys, width);
+  WithQuantized(format,
+                [&](auto f) { DecodeQuantizedRow<decltype(f)::value>(row, width, group, out); });
+}
+
+// K (keys) or V rows [j0, j0 + count) of (b, g) as f32: read through a paged cache's block tables
+// when `pages` is set (decoded into `buffer`), otherwise TileRows on the tensor.
+HWY_INLINE const float* KVTileRows(const TensorView& t, const KVPages* pages, bool keys, int64_t b,
+                                   int64_t g, int64_t j0, int64_t count, int64_t width,
+                                   float* buffer, int64_t& row_stride) {
+  if (pages == nullptr) return TileRows(t, b, g, j0, count, width, buffer, row_stride);
+  row_stride = width;
+  for (int64_t r = 0; r < count; ++r) {
+    DecodeCacheRow(pages->format, keys, pages->row(keys, b, g, j0 + r), width, buffer + r * width);
+  }
+  return buffer;
+}
+
+HWY_INLINE const float* KVRowAsF32(const TensorView& t, const KVPages* pages, bool keys, int64_t b,
+                                   int64_t g, int64_t j, int64_t width, float* buffer) {
+  if (pages == nullptr) return RowAsF32(t, b, g, j, width, buffer);
+  DecodeCacheRow(pages->format, keys, pages->row(keys, b, g, j), width, buffer);
+  return buffer;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace maskattn::detail::fused
 HWY_AFTER_NAMESPACE();
 
-#endif  // MASKATTN_KERNELS_QUANTIZED_ROWS_INL_H_
+#endif  // MASKATTN_KERNELS_KV_ROWS_INL_H_
