@@ -20,6 +20,7 @@
 #include "maskattn/attention.h"
 #include "maskattn/dtype.h"
 #include "maskattn/error.h"
+#include "maskattn/paged_kv_cache.h"
 
 namespace {
 
@@ -181,6 +182,60 @@ std::string describe_case(DType dtype, const Shapes& s, const Mask& mask, const 
          mask.describe() + " mods:" + (mods.softcap ? " softcap" : "") +
          (mods.alibi_slopes.empty() ? "" : " alibi") + (mods.bias ? " bias" : "") +
          (mods.sinks.empty() ? "" : " sinks") + (mods.threshold ? " threshold" : "");
+}
+
+// The same keys and values in a paged cache of a fuzzed format and block size, each sequence of
+// its own fuzzed length with its own number of queries: the fused kernel reading the blocks (in
+// place, quantized rows decoded in registers) must agree with the reference on the decoded
+// values, and for an f32 cache be bitwise the contiguous call with the placed mask.
+void check_paged(FuzzedDataProvider& in, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Mask& mask, Options options) {
+  const int64_t B = q.shape[0], Hq = q.shape[1], Lq = q.shape[2], Hkv = k.shape[1];
+  const int64_t Lk = k.shape[2], D = k.shape[3], Dv = v.shape[3];
+  if (Dv == 0 || D == 0) return;  // a cache row has at least one element
+  const KVFormat format =
+      in.PickValueInArray({KVFormat::f32, KVFormat::f16, KVFormat::bf16, KVFormat::int8,
+                           KVFormat::fp8_e4m3, KVFormat::fp8_e5m2});
+  const int64_t block = 16 * in.ConsumeIntegralInRange<int64_t>(1, 3);
+  PagedKVCache cache(B * ((Lk + block - 1) / block) + 1, block, Hkv, D, format, Dv);
+  std::vector<int64_t> ids, query_lengths;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t length = in.ConsumeIntegralInRange<int64_t>(0, Lk);
+    ids.push_back(cache.add_sequence());
+    query_lengths.push_back(in.ConsumeIntegralInRange<int64_t>(0, std::min(length, Lq)));
+    // Batch entry b's first `length` positions, [Hkv, length, width].
+    const auto rows = [&](const Tensor& t) {
+      const int64_t width = t.shape[3], words = t.dtype == DType::f32 ? 2 : 1;
+      return TensorView(t.words.data() + b * Hkv * Lk * width * words, t.dtype,
+                        {Hkv, length, width}, {Lk * width, width, 1});
+    };
+    try {
+      cache.append(ids.back(), rows(k), rows(v));
+    } catch (const Error&) {
+      return;  // a value the cache cannot hold (inf, NaN): refused, nothing to compare
+    }
+  }
+  g_case += std::string(" paged ") + kv_format_name(format) + " block " + std::to_string(block);
+  Tensor out(q.dtype, {B, Hq, Lq, Dv}), exact(q.dtype, {B, Hq, Lq, Dv});
+  const Mask extra = mask.alignment_is_set() ? Mask() : mask;  // the placement is bottom-right
+  bool failed[2] = {false, false};
+  for (Kernel kernel : {Kernel::fused, Kernel::reference}) {
+    options.kernel = kernel;
+    try {
+      attention_paged(q.view(), cache, ids, (kernel == Kernel::fused ? out : exact).mutable_view(),
+                      query_lengths, extra, {}, options);
+    } catch (const Error&) {
+      failed[kernel == Kernel::fused ? 0 : 1] = true;
+    }
+  }
+  if (failed[0] != failed[1]) {
+    std::fprintf(stderr, "paged: one kernel rejected the input, the other did not\ncase: %s\n",
+                 g_case.c_str());
+    std::abort();
+  }
+  if (failed[0]) return;
+  const double tol = q.dtype == DType::f32 ? 1e-4 : q.dtype == DType::f16 ? 1e-2 : 5e-2;
+  expect_close(out, exact, tol, "paged out");
 }
 
 // The forward with both kernels: both must accept or both reject. False if both rejected; else
@@ -375,6 +430,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     options.dropout = Dropout{dropout_p, dropout_seed, 0};
     g_case += " dropout " + std::to_string(dropout_p);
     check_forward(q, k, v, mask, mods, options, comparable, out, lse);
+    options.dropout = Dropout{};
   }
+  check_paged(in, q, k, v, mask, options);
   return 0;
 }
