@@ -39,12 +39,12 @@ Array<int64_t> checked_parents(Array<int64_t> parents, const std::string& what) 
     throw Error(what + ": parents has shape " + shape_string(parents.shape()) +
                 "; expected [T] (every sequence) or [B,T] (one tree per sequence)");
   }
-  const bool batched = parents.rank() == 2;
-  if (!batched) parents = Array<int64_t>({1, parents.dim(0)}, parents.values());
-  if (parents.dim(1) == 0 || parents.dim(0) == 0) {
+  if (parents.numel() == 0) {
     throw Error(what + ": parents has shape " + shape_string(parents.shape()) +
                 "; a draft tree holds at least one token (with no draft, use causal())");
   }
+  const bool batched = parents.rank() == 2;
+  if (!batched) parents = Array<int64_t>({1, parents.dim(0)}, parents.values());
   for (int64_t row = 0; row < parents.dim(0); ++row) {
     for (int64_t t = 0; t < parents.dim(1); ++t) {
       const int64_t parent = parents.at(row, t);
