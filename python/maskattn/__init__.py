@@ -24,6 +24,7 @@ from ._api import (
     merge_partials,
 )
 from ._layouts import bigbird_layout, fixed_layout, strided_layout
+from ._tree import accept_tree_path, tree_path, tree_position_ids
 
 # The debugging and data tools (audit, health report, heatmaps, tokens and batches).
 from ._tools import (
@@ -81,5 +82,8 @@ __all__ = [
     "strided_layout",
     "fixed_layout",
     "gpt_loss_and_gradients",
+    "tree_position_ids",
+    "tree_path",
+    "accept_tree_path",
 ]
 __all__ += _tools.__all__
