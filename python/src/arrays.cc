@@ -202,9 +202,10 @@ Array<int64_t> index_array(nb::handle values, const char* name) {
   }
   const char kind = nb::cast<std::string>(array.attr("dtype").attr("kind"))[0];
   // An empty list reads as float64: there is no index in it to be wrong.
-  if (kind != 'i' && kind != 'u' && nb::cast<int64_t>(array.attr("size")) > 0) {
+  const nb::object size = array.attr("size");
+  if (kind != 'i' && kind != 'u' && PyLong_AsSsize_t(size.ptr()) > 0) {
     throw Error(std::string(name) + " has dtype " +
-                nb::cast<std::string>(nb::str(array.attr("dtype"))) +
+                nb::cast<std::string>(nb::str(array.attr("dtype").attr("name"))) +
                 "; it holds token indices: give integers (an int array or a list of ints, -1 for "
                 "a root)");
   }
