@@ -230,6 +230,7 @@ TEST(TreeAttention, ForwardEqualsTheDenseKeepOfTheSamePairsBitwise) {
       const Mask tree = Mask().tree(parents_array(parents, c.batch, c.size, batched));
       const Mask dense = Mask().keep(allowed_pairs(tree, p.shape()));
       for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+        if (!batched && dtype != DType::f32) continue;  // the [T] form: one dtype is enough
         const std::string what = std::string(dtype_name(dtype)) + " T=" + std::to_string(c.size) +
                                  " prefix=" + std::to_string(c.prefix) +
                                  " Lq=" + std::to_string(c.q_len) + (batched ? " [B,T]" : " [T]");
@@ -296,6 +297,7 @@ TEST(TreeAttention, BackwardEqualsTheDenseKeepOfTheSamePairsBitwise) {
     const Mask dense = Mask().keep(allowed_pairs(tree, p.shape()));
     for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
       for (const Kernel kernel : {Kernel::fused, Kernel::reference}) {
+        if (kernel == Kernel::reference && dtype != DType::f32) continue;  // f64 inside anyway
         const std::string what = std::string(dtype_name(dtype)) +
                                  (kernel == Kernel::fused ? " fused" : " reference") +
                                  " T=" + std::to_string(c.size) + " Lq=" + std::to_string(c.q_len);
