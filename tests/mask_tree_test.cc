@@ -386,5 +386,22 @@ TEST(TreeAttention, FramedSlicesEqualTheWholeCall) {
   EXPECT_LE(test::max_error(merged, whole.out), 2e-6);
 }
 
+TEST(TreeAttention, TheKvCacheFrameOfProgramsChangesNothing) {
+  // A step that also carries a mask program passes the frame {Lk − Lq, 0, Lk, Lk} (semantics.md
+  // §16): the tree then finds its draft queries at the same rows, so the bits are the same.
+  for (const int64_t q_len : {40, 25, 60}) {
+    const Case c{2, 2, 1, 40, 50, q_len, 16};
+    const RandomProblem p = problem_of(c, 47);
+    const Mask tree = Mask().tree(parents_array(random_parents(2, c.size, 48), 2, c.size, true));
+    const test::Result plain = test::run_kernel(p, DType::f32, tree, {}, Kernel::fused);
+    std::vector<float> out(plain.out.size());
+    Options options;
+    options.frame = Frame{p.Lk - p.Lq, 0, p.Lk, p.Lk};
+    attention(p.qv(), p.kv(), p.vv(), MutableTensorView(out.data(), {p.B, p.Hq, p.Lq, p.Dv}), tree,
+              {}, options);
+    EXPECT_EQ(out, plain.out) << "Lq=" << q_len;
+  }
+}
+
 }  // namespace
 }  // namespace maskattn
