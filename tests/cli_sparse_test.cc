@@ -80,6 +80,43 @@ TEST(CliMask, DrawsGlobalTokensAndBlockSparseLayouts) {
 }
 
 // maskattn layout writes exactly what sparse_layouts.h builds, as uint8, and draws it.
+// A draft tree after a prefix of 3 (docs/cli.md's tree: SPEC), drawn with its note; audited
+// against the same pairs as a dense keep file (no leak, no blind spot) and against causal (the
+// tree hides the other branches: blind spots, never a leak); attend runs it.
+TEST(CliMask, DrawsAndAuditsADraftTree) {
+  const test::CliResult drawn = run_cli("mask tree:-1,0,0,1,2,-1 --lq 6 --lk 9");
+  ASSERT_EQ(drawn.exit_code, 0) << drawn.err;
+  EXPECT_TRUE(contains(drawn.out,
+                       "0  █ █ █ █ · · · · ·   4\n"
+                       "1  █ █ █ █ █ · · · ·   5\n"
+                       "2  █ █ █ █ · █ · · ·   5\n"
+                       "3  █ █ █ █ █ · █ · ·   6\n"
+                       "4  █ █ █ █ · █ · █ ·   6\n"
+                       "5  █ █ █ · · · · · █   4\n"))
+      << drawn.out;
+  EXPECT_TRUE(contains(drawn.out,
+                       "tree:-1,0,0,1,2,-1: the last 6 keys and queries are draft tokens 0-5 with "
+                       "parents -1 0 0 1 2 -1 (depths 0 1 1 2 2 0)"))
+      << drawn.out;
+  test::TempDir dir;
+  const Array<uint8_t> pairs = allowed_pairs(Mask().tree({-1, 0, 0, 1, 2, -1}), {1, 1, 6, 9});
+  write_npy(dir.path("keep.npy"), NpyArray(NpyType::b1, {6, 9}, pairs.values()));
+  const test::CliResult same = run_cli(
+      "audit --mask tree:-1,0,0,1,2,-1 --lq 6 --lk 9 --expect keep:" + dir.path("keep.npy"));
+  EXPECT_EQ(same.exit_code, 0) << same.out << same.err;
+  EXPECT_TRUE(contains(same.out, "audit: passed")) << same.out;
+  const test::CliResult causal =
+      run_cli("audit --mask tree:-1,0,0,1,2,-1 --lq 6 --lk 9 --expect causal");
+  EXPECT_TRUE(contains(causal.out, "leaks (allowed, but expected hidden):                0"))
+      << causal.out;
+  write_npy(dir.path("q.npy"), NpyArray::from_floats(test::random_values(6 * 4, 3), {6, 4}));
+  write_npy(dir.path("k.npy"), NpyArray::from_floats(test::random_values(9 * 4, 4), {9, 4}));
+  const test::CliResult attend =
+      run_cli("attend --q " + dir.path("q.npy") + " --k " + dir.path("k.npy") + " --v " +
+              dir.path("k.npy") + " --out " + dir.path("o.npy") + " --mask tree:-1,0,0,1,2,-1");
+  EXPECT_EQ(attend.exit_code, 0) << attend.err;
+}
+
 TEST(CliLayout, WritesWhatTheBuildersBuild) {
   test::TempDir dir;
   const auto written = [&](const std::string& arguments, const Array<uint8_t>& expected) {

@@ -361,15 +361,31 @@ TEST_F(MaskSpec, ExprErrorsNameTheSpecAndTheTable) {
                         "a table name must be a non-empty identifier");
 }
 
+TEST_F(MaskSpec, TreeInlineOrFromAFileOfAnyIntegerDtype) {
+  // A prefix of 2 keys, then the draft -1 0 0 1: the same pairs inline, as [T] int32 and as a
+  // [B,T] file whose second row is another tree.
+  const Rows expected = {"111...", "1111..", "111.1.", "1111.1"};
+  EXPECT_EQ(grid(mask_of({"tree:-1,0,0,1"}), {1, 1, 4, 6}), expected);
+  EXPECT_EQ(grid(mask_of({"tree:" + file("p.npy", int32_array({-1, 0, 0, 1}, {4}))}), {1, 1, 4, 6}),
+            expected);
+  const Mask batched = mask_of(
+      {"tree:" + file("b.npy", NpyArray::from_int64({-1, 0, 0, 1, -1, -1, -1, 2}, {2, 4}))});
+  EXPECT_EQ(grid(batched, {2, 1, 4, 6}, 0), expected);
+  EXPECT_EQ(grid(batched, {2, 1, 4, 6}, 1), (Rows{"111...", "11.1..", "11..1.", "11..11"}));
+  EXPECT_EQ(mask_of({"tree:-1,0"}).labels()[0], "mask spec 'tree:-1,0'");
+  EXPECT_MASKATTN_ERROR(mask_of({"tree:"}), "'tree' needs an argument");
+  EXPECT_MASKATTN_ERROR(mask_of({"tree:-1,x"}), "cannot open '-1,x'");  // not a list: a file
+}
+
 TEST_F(MaskSpec, HelpListsEveryKind) {
   const std::string help = mask_spec_help();
-  for (const char* kind : {"causal",       "window:",       "sliding-window:", "chunk:",
-                           "prefix:",      "key-lengths:",  "key-starts:",     "key-keep:",
-                           "key-blocked:", "pad-id:",       "query-lengths:",  "query-starts:",
-                           "query-keep:",  "query-pad-id:", "segments:",       "spans:",
-                           "global:",      "block-sparse:", "keep:",           "blocked:",
-                           "additive:",    "alibi:",        "softcap:",        "sinks:",
-                           "threshold:",   "bias:",         "expr:",           "--mod"}) {
+  for (const char* kind :
+       {"causal",         "window:",       "sliding-window:", "chunk:",        "prefix:",
+        "key-lengths:",   "key-starts:",   "key-keep:",       "key-blocked:",  "pad-id:",
+        "query-lengths:", "query-starts:", "query-keep:",     "query-pad-id:", "segments:",
+        "spans:",         "global:",       "block-sparse:",   "keep:",         "blocked:",
+        "additive:",      "alibi:",        "softcap:",        "sinks:",        "threshold:",
+        "bias:",          "expr:",         "tree:",           "--mod"}) {
     EXPECT_NE(help.find(kind), std::string::npos) << kind;
   }
 }

@@ -155,7 +155,13 @@ std::vector<std::pair<std::string, Mask>> sweep_masks(const RandomProblem& p) {
   }
   std::vector<float> additive(p.Lk);
   for (int64_t j = 0; j < p.Lk; ++j) additive[j] = j % 9 == 0 ? -INFINITY : 0.0f;
-  return {
+  // Draft trees of T = min(Lk, 40) tokens over the last keys, one per sequence, several roots.
+  const int64_t draft = std::min<int64_t>(p.Lk, 40);
+  std::vector<int64_t> parents;
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t t = 0; t < draft; ++t) parents.push_back((t * 7 + b * 3) % (t + 1) - 1);
+  }
+  std::vector<std::pair<std::string, Mask>> masks = {
       {"none", Mask()},
       {"causal", Mask().causal()},
       {"causal top-left", Mask().causal(Alignment::top_left)},
@@ -203,6 +209,16 @@ std::vector<std::pair<std::string, Mask>> sweep_masks(const RandomProblem& p) {
            .block_sparse(Array<uint8_t>({n_q32, n_k32}, bigbird_cut), 32, 32)
            .chunk(300)},
   };
+  if (draft > 0) {
+    masks.emplace_back("tree [B,T]", Mask().tree(Array<int64_t>({p.B, draft}, parents)));
+    masks.emplace_back(
+        "tree@1 [T] & sliding window 30 & key lengths",
+        Mask()
+            .sliding_window(30)
+            .tree(std::vector<int64_t>(parents.begin(), parents.begin() + draft), HeadSet{1})
+            .key_lengths(std::vector<int64_t>(p.B, p.Lk - p.Lk / 7)));
+  }
+  return masks;
 }
 
 std::vector<std::pair<std::string, Mask>> sparse_sweep_masks(const RandomProblem& p) {

@@ -50,6 +50,14 @@ class KVCache {
   // sequence's first real token. Pad columns' own query rows see nothing (output 0).
   Mask step_mask() const;
 
+  // Tree speculative decoding (maskattn/tree.h): the last T positions appended are a verified
+  // draft tree, parents [T] or [B, T] as Mask::tree takes them. Keeps the accepted path, draft
+  // indices from a root down the tree ([A], or [B, A]: the same count A for every sequence, since
+  // the cache appends the same number of positions to every sequence), right after the prefix in
+  // path order, and rolls the rest back: length() becomes length() − T + A. Checks everything
+  // first and changes nothing on error (E140 parents, E142 shapes, E143 not a chain).
+  void accept(const Array<int64_t>& parents, const Array<int64_t>& path);
+
   // Drops positions from the end (speculative decoding's rollback); clear() is truncate(0).
   void truncate(int64_t length);
   void clear() { truncate(0); }

@@ -162,6 +162,31 @@ struct ProgramMask {
   Program program;
 };
 
+// A draft tree of speculative decoding (docs/semantics.md §3, "Draft trees"): the last T keys
+// of the problem are T draft tokens appended after the cached prefix, and the last T queries are
+// the same tokens (row indices, bottom-right, whatever the mask's alignment). parents[r][t] is the
+// draft index of token t's parent, in [0, t), or −1 for a root (a child of the prefix): parents
+// come before their children. A draft query sees every prefix key and, in the draft, exactly its
+// ancestors and itself; a query before the draft (Lq > T) sees the keys up to its own row,
+// causally. So the component is never wider than bottom-right causal.
+struct Tree {
+  Array<int64_t> parents;  // [rows, T]: rows = B (one tree per sequence) or 1 (every sequence)
+  // Each token's number in a pre-order walk of the forest (children in index order) and the end of
+  // its subtree, per row: s is t or a descendant of t iff enter[t] ≤ enter[s] < leave[t].
+  // Computed by Mask::tree from the parents.
+  std::vector<int64_t> enter, leave;
+  HeadSet heads;
+
+  int64_t size() const { return parents.dim(1); }  // T
+  int64_t row_of(int64_t b) const { return parents.dim(0) == 1 ? 0 : b; }
+  // Draft token s (of sequence b) is t or one of t's descendants.
+  bool descends(int64_t b, int64_t s, int64_t t) const {
+    const int64_t base = row_of(b) * size();
+    const int64_t order = enter[base + s];
+    return enter[base + t] <= order && order < leave[base + t];
+  }
+};
+
 }  // namespace component
 
 // The problem size a mask is evaluated for: [B, Hq, Lq, Lk] (allowed_pairs(), block_map(), the
@@ -193,7 +218,7 @@ using Component =
     std::variant<component::Window, component::Chunk, component::Padding, component::Segments,
                  component::Spans, component::Prefix, component::GlobalTokens,
                  component::BlockSparse, component::DenseBool, component::DenseAdditive,
-                 component::Predicate, component::ProgramMask>;
+                 component::Predicate, component::ProgramMask, component::Tree>;
 
 class Mask {
  public:
@@ -247,6 +272,13 @@ class Mask {
   // program). Its q and kv are row indices (top-left, as FlexAttention's q_idx and kv_idx).
   Mask& program(Program program);
   Mask& program(std::string_view text, std::vector<ProgramTable> tables = {});
+
+  // A draft tree of speculative decoding: parents [T] (every sequence) or [B, T] (one tree per
+  // sequence), parents[t] ∈ [−1, t), −1 for a root. The last T keys (and queries) are the draft;
+  // a draft query sees the prefix and its ancestors and itself (component::Tree). Helpers for the
+  // position ids and the accepted path: maskattn/tree.h.
+  Mask& tree(Array<int64_t> parents, HeadSet heads = {});
+  Mask& tree(std::vector<int64_t> parents, HeadSet heads = {});
 
   // Query alignment when Lq ≠ Lk; applies to every position-dependent component. Setting two
   // different alignments on one mask (or combining masks that did) is an error.

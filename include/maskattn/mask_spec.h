@@ -6,6 +6,7 @@
 //   segments:FILE  segments:QFILE:KFILE  spans:FILE  spans:QFILE:KFILE
 //   global:FILE  global:QFILE:KFILE  block-sparse:BQ:BK:FILE
 //   keep:FILE  blocked:FILE  additive:FILE  expr:PROGRAM[:NAME=FILE]...
+//   tree:P0,P1,...  tree:FILE (parents of a draft tree: [T] or [B,T] integers, -1 = a root)
 // Modifier SPECs:
 //   alibi:FILE  softcap:X  sinks:FILE  threshold:X  bias:FILE  expr:PROGRAM[:NAME=FILE]...
 // An expr: SPEC is a program (maskattn/program.h) whose tables are .npy files: a mask program

@@ -25,3 +25,4 @@
 #include "maskattn/sparse_layouts.h"
 #include "maskattn/tensor.h"
 #include "maskattn/tokens.h"
+#include "maskattn/tree.h"

@@ -25,6 +25,7 @@ from ._api import (
 )
 from ._layouts import bigbird_layout, fixed_layout, strided_layout
 from ._paged import KV_FORMATS, PagedKVCache, attention_paged
+from ._tree import accept_tree_path, tree_path, tree_position_ids
 
 # The debugging and data tools (audit, health report, heatmaps, tokens and batches).
 from ._tools import (
@@ -85,5 +86,8 @@ __all__ = [
     "KV_FORMATS",
     "PagedKVCache",
     "attention_paged",
+    "tree_position_ids",
+    "tree_path",
+    "accept_tree_path",
 ]
 __all__ += _tools.__all__

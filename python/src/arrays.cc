@@ -190,6 +190,28 @@ Array<float> float_array(nb::handle values, const char* name) {
   return owned_array<float>(values, "float32", name);
 }
 
+Array<int64_t> index_array(nb::handle values, const char* name) {
+  if (values.is_none()) return owned_array<int64_t>(values, "int64", name);  // "is None"
+  nb::object readable;
+  nb::object array;
+  try {
+    array = nb::module_::import_("numpy").attr("asarray")(numpy_readable(values, readable));
+  } catch (const nb::python_error& error) {
+    throw Error(std::string(name) +
+                " cannot be read as an array: " + nb::cast<std::string>(nb::str(error.value())));
+  }
+  const char kind = nb::cast<std::string>(array.attr("dtype").attr("kind"))[0];
+  // An empty list reads as float64: there is no index in it to be wrong.
+  const nb::object size = array.attr("size");
+  if (kind != 'i' && kind != 'u' && PyLong_AsSsize_t(size.ptr()) > 0) {
+    throw Error(std::string(name) + " has dtype " +
+                nb::cast<std::string>(nb::str(array.attr("dtype").attr("name"))) +
+                "; it holds token indices: give integers (an int array or a list of ints, -1 for "
+                "a root)");
+  }
+  return owned_array<int64_t>(array, "int64", name);
+}
+
 int64_t int_value(nb::handle value, const char* name) {
   // operator.index() accepts Python ints and NumPy/PyTorch integers; bools and floats are refused.
   if (!PyBool_Check(value.ptr()) && PyIndex_Check(value.ptr())) {

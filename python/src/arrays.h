@@ -42,6 +42,10 @@ MutableTensorView output_view(const OutputArray& array, const char* name,
 Array<int64_t> int_array(nb::handle values, const char* name);
 Array<uint8_t> bool_array(nb::handle values, const char* name);
 Array<float> float_array(nb::handle values, const char* name);
+// Indices (a draft tree's parents, an accepted path): Python ints or an integer dtype. Bools and
+// floats are refused, even whole-valued ones: an index array computed as floats or flags is a
+// mistake rather than a form to convert.
+Array<int64_t> index_array(nb::handle values, const char* name);
 
 // A Python or NumPy/PyTorch integer (not a bool or a float), or maskattn.Error naming `name`.
 int64_t int_value(nb::handle value, const char* name);

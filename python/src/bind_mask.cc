@@ -91,6 +91,7 @@ void bind_mask_class(nb::module_& m) {
   bind_mask_padding(mask);
   bind_mask_dense(mask);
   bind_mask_sparse(mask);
+  bind_mask_tree(mask);
   mask.def(
           "set_alignment",
           [](Mask& self, const std::string& alignment) -> Mask& {

@@ -15,6 +15,8 @@ void bind_mask_padding(nb::class_<Mask>& mask);  // key_/query_ lengths, starts,
 void bind_mask_dense(nb::class_<Mask>& mask);    // segments, spans, prefix, dense, predicate
 void bind_mask_sparse(nb::class_<Mask>& mask);   // global_tokens, block_sparse (bind_sparse.cc)
 void bind_layouts(nb::module_& m);               // bigbird/strided/fixed layout builders
+void bind_mask_tree(nb::class_<Mask>& mask);     // Mask.tree (bind_tree.cc)
+void bind_tree(nb::module_& m);                  // tree_position_ids, tree_path, accept_tree_path
 void bind_attention(nb::module_& m);             // attention, backward, merge (bind_attention.cc)
 void bind_inspection(nb::module_& m);            // allowed_pairs, block_map, weights, scores
 void bind_tools(nb::module_& m);                 // audit, health, heatmaps, tokens (bind_tools.cc)

@@ -14,6 +14,7 @@ NB_MODULE(_core, m) {
   maskattn::python::bind_programs(m);  // before Mask and ScoreMods, which take Programs
   maskattn::python::bind_masks(m);
   maskattn::python::bind_layouts(m);
+  maskattn::python::bind_tree(m);
   maskattn::python::bind_attention(m);
   maskattn::python::bind_inspection(m);
   maskattn::python::bind_tools(m);

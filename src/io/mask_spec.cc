@@ -112,11 +112,12 @@ class SpecParser {
     if (kind_ == "blocked") return component([&] { mask().blocked(bool_file(one())); });
     if (kind_ == "additive") return component([&] { mask().additive(float_file(one())); });
     if (kind_ == "expr") return mask_program();
+    if (kind_ == "tree") return tree();
     fail("unknown kind '" + kind_ +
          "'; known: causal, window, sliding-window, chunk, prefix, key-lengths, key-starts, "
          "key-keep, key-blocked, pad-id, query-lengths, query-starts, query-keep, query-pad-id, "
-         "segments, spans, global, block-sparse, keep, blocked, additive, expr, alibi, softcap, "
-         "sinks, threshold, bias");
+         "segments, spans, global, block-sparse, keep, blocked, additive, expr, tree, alibi, "
+         "softcap, sinks, threshold, bias");
   }
 
   static bool is_mask_kind(const std::string& kind) {
@@ -124,7 +125,7 @@ class SpecParser {
          {"causal",     "window",       "sliding-window", "chunk",  "prefix",        "key-lengths",
           "key-starts", "key-keep",     "key-blocked",    "pad-id", "query-lengths", "query-starts",
           "query-keep", "query-pad-id", "segments",       "spans",  "global",        "block-sparse",
-          "keep",       "blocked",      "additive"}) {
+          "keep",       "blocked",      "additive",       "tree"}) {
       if (kind == known) return true;
     }
     return false;
@@ -268,6 +269,35 @@ class SpecParser {
            "' is not a positive integer (block-sparse:BQ:BK:FILE)");
     }
     return value;
+  }
+
+  // tree:P0,P1,... (the parents inline, -1 for a root) or tree:FILE (a .npy of [T] or [B,T]
+  // integers): a draft tree of speculative decoding over the last T keys.
+  void tree() {
+    const std::string rest = one();
+    if (rest.find_first_not_of("-0123456789,") != std::string::npos) {
+      const NpyArray array = load(rest);
+      if (array.is_float()) {
+        fail(rest + " has dtype " + npy_type_name(array.type()) +
+             "; tree parents are integers (-1 for a root)");
+      }
+      Array<int64_t> parents(array.shape(), array.to_int64(rest));
+      return component([&] { mask().tree(std::move(parents)); });
+    }
+    std::vector<int64_t> parents;
+    size_t begin = 0;
+    while (true) {
+      const size_t comma = rest.find(',', begin);
+      const std::string field = rest.substr(begin, comma - begin);
+      if (field.empty()) {
+        fail("tree needs its parents as comma-separated integers (-1 for a root), e.g. " +
+             std::string("tree:-1,0,0,1,2, or a .npy file of [T] or [B,T] integers"));
+      }
+      parents.push_back(integer(field));
+      if (comma == std::string::npos) break;
+      begin = comma + 1;
+    }
+    component([&] { mask().tree(std::move(parents)); });
   }
 
   // expr:PROGRAM[:NAME=FILE]...: a mask program under --mask, a score program under --mod.
@@ -517,6 +547,9 @@ const char* mask_spec_help() {
   keep:FILE               bool/0-1 array broadcasting to [B,Hq,Lq,Lk]: 1 = may attend
   blocked:FILE            bool/0-1 array broadcasting to [B,Hq,Lq,Lk]: 1 = hidden
   additive:FILE           float array broadcasting to [B,Hq,Lq,Lk], added; only -inf hides
+  tree:P0,P1,...          a draft tree (speculative decoding) of T tokens, the last T keys and
+  tree:FILE               queries: parents[t] in [-1, t), -1 = a root; a draft query sees the
+                          prefix, its ancestors and itself; FILE: [T] or [B,T] integers
   expr:PROGRAM[:NAME=FILE]...
                           a mask program over b, h, q, kv (row indices, top-left), e.g.
                           'expr:(doc[q] == doc[kv]) & (q >= kv):doc=doc.npy'; each NAME=FILE is

@@ -109,7 +109,8 @@ BlockMap::BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, boo
       tile_k_(tile_k),
       q_tiles_((mask.shape().q_len + tile_q - 1) / tile_q),
       k_tiles_((mask.shape().k_len + tile_k - 1) / tile_k),
-      skipping_(skipping) {
+      skipping_(skipping),
+      trees_(mask, tile_q, tile_k) {
   if (!skipping_) return;
   const MaskShape& shape = mask.global_shape();
   for (const component::Padding* padding : mask.query_padding_) {
@@ -393,6 +394,7 @@ BlockMap::TileRange BlockMap::k_tile_range(int64_t b, int64_t h, int64_t q_tile)
     lo = std::max(lo, floor_div(qpos_lo, chunk->size) * chunk->size + to_index);
     hi = std::min(hi, (floor_div(qpos_hi, chunk->size) + 1) * chunk->size - 1 + to_index);
   }
+  hi = std::min(hi, trees_.last_key(h, q_last));
   if (hi < lo) return {0, 0};
   TileRange range = {(lo - k_origin()) / tile_k_, (hi - k_origin()) / tile_k_ + 1};
   for (const LayoutRows& layout : layout_rows_) {
@@ -429,6 +431,7 @@ TileKind BlockMap::kind(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) co
     const Range k = segment_k_[n][b * k_tiles_ + k_tile];
     fold(kind, match_kind({q.lo, q.hi}, {k.lo, k.hi}));
   }
+  fold(kind, trees_.kind(b, h, q_tile, k_tile, q_first, q_end, k_first, k_end));
   for (const auto& scanned : scanned_) fold(kind, scanned->at(b, h, q_tile, k_tile));
   return kind;
 }

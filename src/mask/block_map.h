@@ -12,6 +12,7 @@
 
 #include "mask/resolved_mask.h"
 #include "mask/scan_cache.h"
+#include "mask/tree_tiles.h"
 
 namespace maskattn::detail {
 
@@ -103,6 +104,7 @@ class BlockMap {
   std::vector<std::shared_ptr<const ScannedKinds>> scanned_;  // layouts included
   std::vector<GlobalCounts> global_counts_;
   std::vector<LayoutRows> layout_rows_;
+  TreeTiles trees_;
 };
 
 }  // namespace maskattn::detail

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "mask/tree.h"
 #include "maskattn/error.h"
 
 namespace maskattn::detail {
@@ -127,6 +128,22 @@ void check_program(const Program& program, const MaskShape& shape, const std::st
   }
 }
 
+// A tree's parents are one row for every sequence or one per sequence, and its draft is the last
+// T keys, so it needs T of them.
+void check_tree(const component::Tree& tree, const MaskShape& shape, const std::string& label) {
+  const int64_t rows = tree.parents.dim(0);
+  if (rows != 1 && rows != shape.batch) {
+    throw Error(label + ": parents have " + std::to_string(rows) +
+                " rows (one tree per sequence) but the batch has B=" + std::to_string(shape.batch) +
+                "; give [T] (every sequence) or [B,T]");
+  }
+  if (tree.size() > shape.k_len) {
+    throw Error(label + ": the draft of T=" + std::to_string(tree.size()) +
+                " tokens is longer than the keys, Lk=" + std::to_string(shape.k_len) +
+                " (the draft is the last T keys, after the cached prefix)");
+  }
+}
+
 }  // namespace
 
 // The whole problem's shape: the call's, with the frame's totals. A frame must contain the call.
@@ -221,6 +238,10 @@ ResolvedMask::ResolvedMask(const Mask& mask, const MaskShape& call_shape, const 
       // kernels' tile evaluations cannot fail half-way through a call.
       check_program(program->program, shape, label);
       programs_.push_back({&program->program, n});
+    } else if (const auto* tree = std::get_if<component::Tree>(&part)) {
+      check_tree(*tree, shape, label);
+      check_heads(tree->heads, shape, label);
+      trees_.push_back(tree);
     }
   }
 
@@ -329,7 +350,17 @@ bool ResolvedMask::allowed_global(int64_t b, int64_t h, int64_t i, int64_t j) co
       return false;
     }
   }
-  return layouts_allow(b, h, i, j) && elementwise_global(b, h, i, j);
+  return trees_allow(b, h, i, j) && layouts_allow(b, h, i, j) && elementwise_global(b, h, i, j);
+}
+
+bool ResolvedMask::trees_allow(int64_t b, int64_t h, int64_t i, int64_t j) const {
+  for (const component::Tree* tree : trees_) {
+    if (!tree->heads.contains(h)) continue;
+    if (!tree_allows(*tree, TreePlacement(*tree, global_.q_len, global_.k_len), b, i, j)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 bool ResolvedMask::layouts_allow(int64_t b, int64_t h, int64_t i, int64_t j) const {

@@ -59,6 +59,10 @@ class ResolvedMask {
     return elementwise_global(b, h, i + q_origin_, j + k_origin_);
   }
 
+  // The draft-tree components (mask/tree.h), which the block map and the tile masks read through
+  // TreeTiles (mask/tree_tiles.h).
+  const std::vector<const component::Tree*>& trees() const { return trees_; }
+
   // Sum of the additive masks at the pair (0 when there are none).
   double additive(int64_t b, int64_t h, int64_t i, int64_t j) const;
   bool has_additive() const { return !additive_.empty(); }
@@ -100,6 +104,8 @@ class ResolvedMask {
   bool has_data_elementwise() const {
     return !segments_.empty() || !dense_bool_.empty() || !additive_.empty() || !predicates_.empty();
   }
+  // The draft trees that apply to head h allow the pair (true when there are none).
+  bool trees_allow(int64_t b, int64_t h, int64_t i, int64_t j) const;
   // The block-sparse layouts allow the pair (true when there are none).
   bool layouts_allow(int64_t b, int64_t h, int64_t i, int64_t j) const;
 
@@ -136,6 +142,7 @@ class ResolvedMask {
   std::vector<DenseRef> additive_;
   std::vector<PredicateRef> predicates_;
   std::vector<ProgramRef> programs_;
+  std::vector<const component::Tree*> trees_;
   const Mask* mask_;
 };
 

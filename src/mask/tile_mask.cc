@@ -1,5 +1,7 @@
 #include "mask/tile_mask.h"
 
+#include "mask/tree_tiles.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -138,6 +140,8 @@ void TileMaskBuilder::build(int64_t b, int64_t h, int64_t q_first, int64_t q_cou
     }
     allowed[n] = bits;
   }
+  if (!mask_.trees().empty())
+    and_tree_bits(mask_, b, h, q_first, q_count, k_first, k_count, allowed);
   if (!mask_.programs_.empty()) and_programs(b, h, q_first, q_count, k_first, k_count, allowed);
 }
 

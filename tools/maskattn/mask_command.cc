@@ -52,6 +52,8 @@ Extent implied_extent(const Mask& mask, const ScoreMods& mods) {
             for (const Array<int64_t>* ids : {&c.query_ids, &c.key_ids}) {
               if (ids->dim(0) != 1) widen_to(extent.batch, ids->dim(0));
             }
+          } else if constexpr (std::is_same_v<T, component::Tree>) {
+            if (c.parents.dim(0) != 1) widen_to(extent.batch, c.parents.dim(0));  // [B,T]
           } else if constexpr (std::is_same_v<T, component::BlockSparse>) {
             dense(c.layout.shape());  // [.., nQ, nK] aligns at the right like a dense mask
           } else if constexpr (std::is_same_v<T, component::DenseBool> ||
@@ -80,6 +82,23 @@ std::string global_indices(const Array<int64_t>& ids, int64_t batch) {
   return text.empty() ? "none" : text;
 }
 
+// A draft tree under the grid: its parents and each token's depth, so that the rows can be read
+// back to the tree (rows and columns of the draft are its last T; row indices, bottom-right).
+void print_tree_note(const component::Tree& tree, const std::string& label, int64_t batch) {
+  std::string parents, depths;
+  std::vector<int64_t> depth(tree.size());
+  for (int64_t t = 0; t < tree.size(); ++t) {
+    const int64_t parent = tree.parents.at(tree.row_of(batch), t);
+    depth[t] = parent < 0 ? 0 : depth[parent] + 1;
+    parents += (t > 0 ? " " : "") + std::to_string(parent);
+    depths += (t > 0 ? " " : "") + std::to_string(depth[t]);
+  }
+  fmt::print(
+      "{}: the last {} keys and queries are draft tokens 0-{} with parents {} (depths {}); a "
+      "draft query sees the keys before the draft, its ancestors and itself\n",
+      label, tree.size(), tree.size() - 1, parents, depths);
+}
+
 // Under the grid: which tokens are global and what blocks a layout has, so that the grid's
 // full rows and columns and its block pattern can be read back to the files.
 void print_sparse_notes(const Mask& mask, int64_t batch) {
@@ -95,6 +114,8 @@ void print_sparse_notes(const Mask& mask, int64_t batch) {
                  shape_string(sparse->layout.shape()), sparse->block_q,
                  sparse->block_q == 1 ? "query" : "queries", sparse->block_k,
                  sparse->block_k == 1 ? "key" : "keys");
+    } else if (const auto* tree = std::get_if<component::Tree>(&part)) {
+      print_tree_note(*tree, label, batch);
     } else if (const auto* program = std::get_if<component::ProgramMask>(&part)) {
       // A program ignores the alignment printed above: say so, with the text it compiled to.
       fmt::print("{}: program `{}` over row indices q, kv (top-left, whatever the alignment)\n",
