@@ -172,11 +172,14 @@ TEST(PagedKVCache, AFailedAppendChangesNothing) {
 
 // attention_paged against attention() on the dense copy with the same placed mask.
 void expect_paged_equals_dense(const PagedFixture& f, int64_t Hq, int64_t Lq, DType dtype,
-                               const Mask& extra, const std::string& label, bool bitwise) {
+                               const Mask& extra, const std::string& label, bool bitwise,
+                               bool ragged_queries = true) {
   const int64_t B = static_cast<int64_t>(f.ids.size()), Hkv = f.cache.kv_heads();
   const int64_t D = f.cache.head_dim(), L = f.max_length;
   std::vector<int64_t> qlens;
-  for (int64_t b = 0; b < B; ++b) qlens.push_back(std::min(Lq, f.lengths[b]) - b % 2);
+  for (int64_t b = 0; b < B; ++b) {
+    qlens.push_back(std::min(Lq, f.lengths[b]) - (ragged_queries ? b % 2 : 0));
+  }
   for (int64_t& n : qlens) n = std::max<int64_t>(n, 0);
   const test::DTypeBuffer q(random_values(B * Hq * Lq * D, 99), dtype);
   const test::DTypeBuffer k(f.k, dtype), v(f.v, dtype);
@@ -212,6 +215,8 @@ TEST(PagedAttention, BitwiseEqualToTheContiguousCacheForEverySweepMask) {
             name.find("pad") != std::string::npos) {
           continue;
         }
+        // A draft tree needs sequences of one length (DraftTreesOfSequencesOfEqualLength).
+        if (name.find("tree") != std::string::npos) continue;
         expect_paged_equals_dense(f, 4, Lq, dtype, mask, name, true);
         ++tested;
       }
@@ -326,6 +331,29 @@ TEST(PagedAttention, LongCachesWithModifiersAndAnyThreadCount) {
   attention(qb.view({1, 2, 1, D}), k.view({1, 1, L, D}), v.view({1, 1, L, D}),
             MutableTensorView(dense.data(), {1, 2, 1, D}), placed, mods);
   EXPECT_EQ(std::memcmp(one.data(), dense.data(), one.size() * 4), 0) << max_error(one, dense);
+}
+
+}  // namespace
+}  // namespace maskattn
+
+namespace maskattn {
+namespace {
+
+// Speculative decoding over the paged cache: a draft tree verified in one call equals the dense
+// call with the same tree mask, and a ragged batch (the draft not in the call's last rows for
+// every sequence) is refused.
+TEST(PagedAttention, DraftTreesOfSequencesOfEqualLength) {
+  PagedFixture f(16, 2, 32, KVFormat::f32, {40, 40}, 31);
+  const std::vector<int64_t> parents = {-1, 0, 0, 1, 2, 2};
+  const Mask tree = Mask().tree(parents);
+  expect_paged_equals_dense(f, 4, 6, DType::f32, tree, "tree", true, false);
+  PagedFixture ragged(16, 2, 32, KVFormat::f32, {40, 30}, 31);
+  const std::vector<float> q(2 * 4 * 6 * 32, 0.5f);
+  std::vector<float> out(q.size());
+  EXPECT_MASKATTN_ERROR(
+      attention_paged(TensorView(q.data(), {2, 4, 6, 32}), ragged.cache, ragged.ids,
+                      MutableTensorView(out.data(), {2, 4, 6, 32}), {}, tree),
+      "attention_paged: a tree mask places its draft in the call's last rows");
 }
 
 }  // namespace
