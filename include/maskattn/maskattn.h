@@ -23,3 +23,4 @@
 #include "maskattn/sparse_layouts.h"
 #include "maskattn/tensor.h"
 #include "maskattn/tokens.h"
+#include "maskattn/varlen.h"
