@@ -24,6 +24,7 @@ from ._api import (
     merge_partials,
 )
 from ._layouts import bigbird_layout, fixed_layout, strided_layout
+from ._varlen import attention_varlen, attention_varlen_backward
 
 # The debugging and data tools (audit, health report, heatmaps, tokens and batches).
 from ._tools import (
@@ -77,6 +78,8 @@ __all__ = [
     "cpu_info",
     "gradcheck",
     "merge_partials",
+    "attention_varlen",
+    "attention_varlen_backward",
     "bigbird_layout",
     "strided_layout",
     "fixed_layout",
