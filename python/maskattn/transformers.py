@@ -50,6 +50,7 @@ import torch
 from ._core import Error, Mask
 from ._dropout import checked_dropout, torch_seed
 from ._torch_autograd import COMPUTE_DTYPES
+from ._transformers_packed import packed_call
 
 try:
     import transformers as _transformers
@@ -83,10 +84,15 @@ class PreparedMask:
 
     ndim = 4
 
-    def __init__(self, mask: Mask, batch: int, q_len: int, kv_len: int, structured: bool):
+    def __init__(self, mask: Mask, batch: int, q_len: int, kv_len: int, structured: bool,
+                 parts=None, offsets=(0, 0)):
         self.mask = mask
         self.batch, self.q_len, self.kv_len = batch, q_len, kv_len
         self.structured = structured
+        # The recognised pieces (None for a dense mask) and (q_offset, kv_offset): what a packed
+        # batch's varlen call reads (_transformers_packed).
+        self.parts = parts
+        self.offsets = offsets
 
     @property
     def shape(self):
@@ -345,7 +351,8 @@ def prepare_mask(
     if not structured:
         mask = _dense_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
                            attention_mask, use_vmap, local_size)
-    return PreparedMask(mask, batch_size, q_length, kv_length, structured)
+    return PreparedMask(mask, batch_size, q_length, kv_length, structured,
+                        parts if structured else None, (q_offset, kv_offset))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -447,6 +454,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     dropout = checked_dropout(dropout, None, 0, "maskattn attention backend: dropout").p
     # One seed for the output and the weights below, so that both drop the same pairs.
     seed = torch_seed() if dropout > 0 else None
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    packed = packed_call(query, attention_mask, bias, kwargs, causal, PreparedMask, _add_windows)
+    if packed is not None:  # a padding-free batch: each document alone (_transformers_packed)
+        return _packed_forward(maskattn_torch, query, key, value, packed, mods, scaling,
+                               dropout, seed), None
     # blhd views of transformers' [B, H, L, D] tensors: the output is allocated [B, Lq, Hq, Dv]
     # and contiguous, which is what the model reshapes next.
     out = maskattn_torch.attention(
@@ -455,6 +467,16 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     weights = _weights(query, key, mask, mods, scaling, dropout, seed) \
         if kwargs.get("output_attentions") else None
     return out, weights
+
+
+def _packed_forward(maskattn_torch, query, key, value, packed, mods, scaling, dropout, seed):
+    """attention_varlen over the flattened [B·L, H, D] tokens; the output [B, L, Hq, Dv]."""
+    batch, heads, length, _ = query.shape
+    flat = [x.transpose(1, 2).reshape(batch * x.shape[2], x.shape[1], x.shape[3])
+            for x in (query, key, value)]
+    out = maskattn_torch.attention_varlen(*flat, *packed, mods, scale=scaling, dropout_p=dropout,
+                                          dropout_seed=seed)
+    return out.view(batch, length, heads, value.shape[3])
 
 
 def _mask_interface_takes_offsets() -> bool:
