@@ -56,7 +56,7 @@ std::vector<uint16_t> random_buffer(int64_t count, DType dtype, uint32_t seed) {
       uint32_t bits = 0;
       std::memcpy(&bits, &x, 4);
       words[n] = static_cast<uint16_t>(bits >> 16);  // a bf16 (f16 inputs: any bits are fine)
-      if (dtype == DType::f16) words[n] &= 0x3BFF;    // finite, below 1
+      if (dtype == DType::f16) words[n] &= 0x3BFF;   // finite, below 1
     }
   }
   return words;
@@ -86,27 +86,129 @@ void time_ways(std::vector<Way>& ways, int repeat) {
   }
 }
 
-}  // namespace
+// Packed and padded copies of the same q, k, v, dout (padded rows hold the packed rows, zeros
+// after), every output, and the views the three ways pass.
+struct Run {
+  const Setup& s;
+  int64_t H, D, T, B, L;
+  size_t half_words;  // uint16 words per element
+  std::vector<uint16_t> q, k, v, dout, pq, pk, pv, pdout, out, pout, dq, dk, dv, pdq, pdk, pdv;
+  std::vector<float> lse, plse;
+  maskattn::Options options;
+  maskattn::Mask causal = maskattn::Mask().causal();
+  maskattn::Mask padded_mask;
 
-int main(int argc, char** argv) {
-  CLI::App app("varlen attention against the padded batch and a loop over the sequences");
-  int64_t sequences = 64, shortest = 32, longest = 512;
-  int threads = 2, repeat = 10;
-  std::string dtype_text = "f32";
-  bool backward = false;
+  Run(const Setup& setup, int threads)
+      : s(setup),
+        H(s.heads),
+        D(s.dim),
+        T(s.total),
+        B(static_cast<int64_t>(s.lengths.size())),
+        L(s.longest),
+        half_words(maskattn::dtype_size(s.dtype) / 2) {
+    q = random_buffer(T * H * D, s.dtype, 1);
+    k = random_buffer(T * H * D, s.dtype, 2);
+    v = random_buffer(T * H * D, s.dtype, 3);
+    dout = random_buffer(T * H * D, s.dtype, 4);
+    pq = padded_copy(q), pk = padded_copy(k), pv = padded_copy(v), pdout = padded_copy(dout);
+    out = dq = dk = dv = std::vector<uint16_t>(q.size());
+    pout = pdq = pdk = pdv = std::vector<uint16_t>(pq.size());
+    lse.resize(H * T);
+    plse.resize(B * H * L);
+    options.threads = threads;
+    padded_mask = maskattn::Mask().causal().query_lengths(s.lengths).key_lengths(s.lengths);
+  }
+
+  std::vector<uint16_t> padded_copy(const std::vector<uint16_t>& packed_values) const {
+    std::vector<uint16_t> padded(B * L * H * D * half_words);
+    for (int64_t i = 0; i < B; ++i) {
+      std::copy_n(packed_values.begin() + s.varlen.cu_seqlens_q[i] * H * D * half_words,
+                  s.lengths[i] * H * D * half_words, padded.begin() + i * L * H * D * half_words);
+    }
+    return padded;
+  }
+  TensorView packed(const std::vector<uint16_t>& t) const {
+    return TensorView(t.data(), s.dtype, {T, H, D});
+  }
+  MutableTensorView packed(std::vector<uint16_t>& t) const {
+    return MutableTensorView(t.data(), s.dtype, {T, H, D});
+  }
+  TensorView padded(const std::vector<uint16_t>& t) const {
+    return TensorView(t.data(), s.dtype, {B, H, L, D}, {L * H * D, D, H * D, 1});
+  }
+  MutableTensorView padded(std::vector<uint16_t>& t) const {
+    return MutableTensorView(t.data(), s.dtype, {B, H, L, D}, {L * H * D, D, H * D, 1});
+  }
+  MutableTensorView sequence(const std::vector<uint16_t>& t, int64_t i) const {
+    auto* base = const_cast<uint16_t*>(t.data()) + s.varlen.cu_seqlens_q[i] * H * D * half_words;
+    return MutableTensorView(base, s.dtype, {1, H, s.lengths[i], D}, {0, D, H * D, 1});
+  }
+  MutableTensorView lse_of(int64_t i) {
+    return MutableTensorView(lse.data() + s.varlen.cu_seqlens_q[i], {1, H, s.lengths[i]},
+                             {0, T, 1});
+  }
+  MutableTensorView lse_view() { return MutableTensorView(lse.data(), {H, T}); }
+  MutableTensorView plse_view() { return MutableTensorView(plse.data(), {B, H, L}); }
+
+  std::vector<Way> forward_ways() {
+    return {
+        {"varlen",
+         [this] {
+           maskattn::attention_varlen(packed(q), packed(k), packed(v), packed(out), s.varlen,
+                                      causal, {}, options, lse_view());
+         },
+         {}},
+        {"padded",
+         [this] {
+           maskattn::attention(padded(pq), padded(pk), padded(pv), padded(pout), padded_mask, {},
+                               options, plse_view());
+         },
+         {}},
+        {"loop",
+         [this] {
+           for (int64_t i = 0; i < B; ++i) {
+             maskattn::attention(sequence(q, i), sequence(k, i), sequence(v, i), sequence(out, i),
+                                 causal, {}, options, lse_of(i));
+           }
+         },
+         {}},
+    };
+  }
+
+  std::vector<Way> backward_ways() {
+    for (Way& way : forward_ways()) way.run();  // the forwards' out and lse, once
+    using maskattn::Gradients;
+    return {
+        {"varlen",
+         [this] {
+           maskattn::attention_varlen_backward(
+               packed(q), packed(k), packed(v), packed(out), lse_view(), packed(dout), s.varlen,
+               Gradients(packed(dq), packed(dk), packed(dv)), causal, {}, options);
+         },
+         {}},
+        {"padded",
+         [this] {
+           maskattn::attention_backward(
+               padded(pq), padded(pk), padded(pv), padded(pout), plse_view(), padded(pdout),
+               Gradients(padded(pdq), padded(pdk), padded(pdv)), padded_mask, {}, options);
+         },
+         {}},
+        {"loop",
+         [this] {
+           for (int64_t i = 0; i < B; ++i) {
+             maskattn::attention_backward(
+                 sequence(q, i), sequence(k, i), sequence(v, i), sequence(out, i), lse_of(i),
+                 sequence(dout, i), Gradients(sequence(dq, i), sequence(dk, i), sequence(dv, i)),
+                 causal, {}, options);
+           }
+         },
+         {}},
+    };
+  }
+};
+
+Setup make_setup(int64_t sequences, int64_t shortest, int64_t longest) {
   Setup s;
-  app.add_option("--sequences", sequences);
-  app.add_option("--min", shortest);
-  app.add_option("--max", longest);
-  app.add_option("--heads", s.heads);
-  app.add_option("--dim", s.dim);
-  app.add_option("--dtype", dtype_text);
-  app.add_option("--threads", threads);
-  app.add_option("--repeat", repeat);
-  app.add_flag("--backward", backward);
-  CLI11_PARSE(app, argc, argv);
-  s.dtype = maskattn::parse_dtype(dtype_text, "--dtype");
-
   std::mt19937 generator(7);
   std::uniform_int_distribution<int64_t> length(shortest, longest);
   s.varlen.cu_seqlens_q = {0};
@@ -118,126 +220,55 @@ int main(int argc, char** argv) {
   s.varlen.cu_seqlens_k = s.varlen.cu_seqlens_q;
   s.varlen.max_seqlen_q = s.varlen.max_seqlen_k = s.longest;
   s.total = s.varlen.cu_seqlens_q.back();
-  const int64_t H = s.heads, D = s.dim, T = s.total, B = sequences, L = s.longest;
-  const size_t element = maskattn::dtype_size(s.dtype);
+  return s;
+}
 
-  // Packed and padded copies of the same q, k, v (padded rows hold the packed rows, zeros after).
-  const std::vector<uint16_t> q = random_buffer(T * H * D, s.dtype, 1),
-                              k = random_buffer(T * H * D, s.dtype, 2),
-                              v = random_buffer(T * H * D, s.dtype, 3);
-  std::vector<uint16_t> pq(B * L * H * D * element / 2), pk(pq.size()), pv(pq.size());
-  for (int64_t i = 0; i < B; ++i) {
-    const size_t from = s.varlen.cu_seqlens_q[i] * H * D * element / 2,
-                 count = s.lengths[i] * H * D * element / 2, to = i * L * H * D * element / 2;
-    std::copy_n(q.begin() + from, count, pq.begin() + to);
-    std::copy_n(k.begin() + from, count, pk.begin() + to);
-    std::copy_n(v.begin() + from, count, pv.begin() + to);
-  }
-  std::vector<uint16_t> out(q.size()), pout(pq.size()), dq(q.size()), dk(q.size()), dv(q.size()),
-      pdq(pq.size()), pdk(pq.size()), pdv(pq.size());
-  std::vector<float> lse(H * T), plse(B * H * L);
-  const std::vector<uint16_t> dout = random_buffer(T * H * D, s.dtype, 4);
-  std::vector<uint16_t> pdout(pq.size());
-  for (int64_t i = 0; i < B; ++i) {
-    std::copy_n(dout.begin() + s.varlen.cu_seqlens_q[i] * H * D * element / 2,
-                s.lengths[i] * H * D * element / 2, pdout.begin() + i * L * H * D * element / 2);
-  }
-
-  maskattn::Options options;
-  options.threads = threads;
-  const maskattn::Mask causal = maskattn::Mask().causal();
-  const maskattn::Mask padded_mask =
-      maskattn::Mask().causal().query_lengths(s.lengths).key_lengths(s.lengths);
-  const auto packed = [&](const std::vector<uint16_t>& t) {
-    return TensorView(t.data(), s.dtype, {T, H, D});
-  };
-  const auto mpacked = [&](std::vector<uint16_t>& t) {
-    return MutableTensorView(t.data(), s.dtype, {T, H, D});
-  };
-  const auto padded = [&](const std::vector<uint16_t>& t) {
-    return TensorView(t.data(), s.dtype, {B, H, L, D}, {L * H * D, D, H * D, 1});
-  };
-  const auto mpadded = [&](std::vector<uint16_t>& t) {
-    return MutableTensorView(t.data(), s.dtype, {B, H, L, D}, {L * H * D, D, H * D, 1});
-  };
-  const auto sequence = [&](const std::vector<uint16_t>& t, int64_t i) {
-    const char* base = reinterpret_cast<const char*>(t.data()) +
-                       s.varlen.cu_seqlens_q[i] * H * D * element;
-    return TensorView(base, s.dtype, {1, H, s.lengths[i], D}, {0, D, H * D, 1});
-  };
-  const auto msequence = [&](std::vector<uint16_t>& t, int64_t i) {
-    const TensorView view = sequence(t, i);
-    return MutableTensorView(const_cast<void*>(view.data()), s.dtype, view.sizes(), view.strides());
-  };
-  const auto lse_of = [&](int64_t i) {
-    return MutableTensorView(lse.data() + s.varlen.cu_seqlens_q[i], {1, H, s.lengths[i]},
-                             {0, T, 1});
-  };
-  const MutableTensorView lse_view(lse.data(), {H, T}), plse_view(plse.data(), {B, H, L});
-
-  std::vector<Way> ways = {
-      {"varlen",
-       [&] {
-         maskattn::attention_varlen(packed(q), packed(k), packed(v), mpacked(out), s.varlen, causal,
-                                    {}, options, lse_view);
-       },
-       {}},
-      {"padded",
-       [&] {
-         maskattn::attention(padded(pq), padded(pk), padded(pv), mpadded(pout), padded_mask, {},
-                             options, plse_view);
-       },
-       {}},
-      {"loop",
-       [&] {
-         for (int64_t i = 0; i < B; ++i) {
-           maskattn::attention(sequence(q, i), sequence(k, i), sequence(v, i), msequence(out, i),
-                               causal, {}, options, lse_of(i));
-         }
-       },
-       {}},
-  };
-  if (backward) {
-    for (Way& way : ways) way.run();  // the forward's out and lse, once
-    ways[0].run = [&] {
-      maskattn::attention_varlen_backward(packed(q), packed(k), packed(v), packed(out), lse_view,
-                                          packed(dout), s.varlen,
-                                          maskattn::Gradients(mpacked(dq), mpacked(dk), mpacked(dv)),
-                                          causal, {}, options);
-    };
-    ways[1].run = [&] {
-      maskattn::attention_backward(padded(pq), padded(pk), padded(pv), padded(pout), plse_view,
-                                   padded(pdout),
-                                   maskattn::Gradients(mpadded(pdq), mpadded(pdk), mpadded(pdv)),
-                                   padded_mask, {}, options);
-    };
-    ways[2].run = [&] {
-      for (int64_t i = 0; i < B; ++i) {
-        maskattn::attention_backward(
-            sequence(q, i), sequence(k, i), sequence(v, i), sequence(out, i), lse_of(i),
-            sequence(dout, i), maskattn::Gradients(msequence(dq, i), msequence(dk, i), msequence(dv, i)),
-            causal, {}, options);
-      }
-    };
-  }
-  time_ways(ways, repeat);
-
+void report(const Setup& s, const std::vector<Way>& ways, bool backward, int threads,
+            const std::string& dtype_text) {
   int64_t pairs = 0;
-  for (int64_t length_i : s.lengths) pairs += H * length_i * (length_i + 1) / 2;
-  std::printf("sequences=%lld lengths=[%lld,%lld] total=%lld longest=%lld heads=%lld dim=%lld "
-              "dtype=%s threads=%d pass=%s allowed_pairs=%lld\n",
-              static_cast<long long>(B), static_cast<long long>(shortest),
-              static_cast<long long>(longest), static_cast<long long>(T),
-              static_cast<long long>(L), static_cast<long long>(H), static_cast<long long>(D),
-              dtype_text.c_str(), threads, backward ? "backward" : "forward",
-              static_cast<long long>(pairs));
+  for (int64_t length_i : s.lengths) pairs += s.heads * length_i * (length_i + 1) / 2;
+  std::printf(
+      "sequences=%zu lengths=[%lld,%lld] total=%lld heads=%lld dim=%lld dtype=%s "
+      "threads=%d pass=%s allowed_pairs=%lld\n",
+      s.lengths.size(),
+      static_cast<long long>(*std::min_element(s.lengths.begin(), s.lengths.end())),
+      static_cast<long long>(s.longest), static_cast<long long>(s.total),
+      static_cast<long long>(s.heads), static_cast<long long>(s.dim), dtype_text.c_str(), threads,
+      backward ? "backward" : "forward", static_cast<long long>(pairs));
   const double reference = median(ways[0].ms);
   for (const Way& way : ways) {
     const double m = median(way.ms);
-    const double flops = (backward ? 5.0 : 2.0) * 2.0 * static_cast<double>(D) * pairs;
-    std::printf("way=%s median_ms=%.3f min_ms=%.3f vs_varlen=%.2f gflops=%.1f\n",
-                way.name.c_str(), m, *std::min_element(way.ms.begin(), way.ms.end()),
-                m / reference, flops / m / 1e6);
+    const double flops = (backward ? 5.0 : 2.0) * 2.0 * static_cast<double>(s.dim) * pairs;
+    std::printf("way=%s median_ms=%.3f min_ms=%.3f vs_varlen=%.2f gflops=%.1f\n", way.name.c_str(),
+                m, *std::min_element(way.ms.begin(), way.ms.end()), m / reference, flops / m / 1e6);
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("varlen attention against the padded batch and a loop over the sequences");
+  int64_t sequences = 64, shortest = 32, longest = 512, heads = 8, dim = 64;
+  int threads = 2, repeat = 10;
+  std::string dtype_text = "f32";
+  bool backward = false;
+  app.add_option("--sequences", sequences);
+  app.add_option("--min", shortest);
+  app.add_option("--max", longest);
+  app.add_option("--heads", heads);
+  app.add_option("--dim", dim);
+  app.add_option("--dtype", dtype_text);
+  app.add_option("--threads", threads);
+  app.add_option("--repeat", repeat);
+  app.add_flag("--backward", backward);
+  CLI11_PARSE(app, argc, argv);
+  Setup s = make_setup(sequences, shortest, longest);
+  s.heads = heads;
+  s.dim = dim;
+  s.dtype = maskattn::parse_dtype(dtype_text, "--dtype");
+  Run run(s, threads);
+  std::vector<Way> ways = backward ? run.backward_ways() : run.forward_ways();
+  time_ways(ways, repeat);
+  report(s, ways, backward, threads, dtype_text);
   return 0;
 }

@@ -29,7 +29,8 @@ TEST(Errors, E136_CuSeqlensMalformed) {
   Packed p;
   EXPECT_MASKATTN_ERROR(p.call({{1, 2, 5}, {0, 4, 5}, 3, 4}),
                         "cu_seqlens_q [1,2,5] starts at 1; the first offset must be 0");
-  EXPECT_MASKATTN_ERROR(p.call({{0, 4, 2, 5}, {0, 1, 4, 5}, 3, 4}), "cu_seqlens_q [0,4,2,5] decreases at [2]");
+  EXPECT_MASKATTN_ERROR(p.call({{0, 4, 2, 5}, {0, 1, 4, 5}, 3, 4}),
+                        "cu_seqlens_q [0,4,2,5] decreases at [2]");
   EXPECT_MASKATTN_ERROR(p.call({{}, {0, 4, 5}, 3, 4}), "cu_seqlens_q is empty");
   EXPECT_MASKATTN_ERROR(p.call({{0, 2, 5}, {0, 1, 4, 5}, 3, 4}),
                         "cu_seqlens_q has 3 offsets (B = 2) but cu_seqlens_k has 4 (B = 3)");
@@ -47,8 +48,8 @@ TEST(Errors, E137_CuSeqlensDoNotEndAtTheTotal) {
 
 TEST(Errors, E138_LengthsBeyondMaxSeqlenOrTheSequence) {
   Packed p;
-  EXPECT_MASKATTN_ERROR(p.call({{0, 2, 5}, {0, 4, 5}, 2, 4}),
-                        "sequence 1 has Lq = 3", "max_seqlen_q = 2");
+  EXPECT_MASKATTN_ERROR(p.call({{0, 2, 5}, {0, 4, 5}, 2, 4}), "sequence 1 has Lq = 3",
+                        "max_seqlen_q = 2");
   EXPECT_MASKATTN_ERROR(p.call({{0, 2, 5}, {0, 4, 5}, 3, -1}), "max_seqlen_k = -1 is negative");
   EXPECT_MASKATTN_ERROR(p.call(p.varlen, Mask().key_lengths({4, 3})),
                         "key_lengths[1] = 3 exceeds sequence 1's own Lk = 1");
@@ -61,18 +62,19 @@ TEST(Errors, E139_PackedShapesAndOptions) {
   Packed p;
   EXPECT_MASKATTN_ERROR(
       attention_varlen(TensorView(p.q.data(), {1, 5, 2, 4}), TensorView(p.k.data(), {5, 1, 4}),
-                       TensorView(p.v.data(), {5, 1, 3}), MutableTensorView(p.out.data(), {5, 2, 3}),
-                       p.varlen),
+                       TensorView(p.v.data(), {5, 1, 3}),
+                       MutableTensorView(p.out.data(), {5, 2, 3}), p.varlen),
       "q has shape [1,5,2,4]; a varlen call expects [total_q, Hq, D]");
   EXPECT_MASKATTN_ERROR(
       attention_varlen(TensorView(p.q.data(), {5, 2, 4}), TensorView(p.k.data(), {5, 1, 4}),
-                       TensorView(p.v.data(), {5, 1, 3}), MutableTensorView(p.out.data(), {5, 3, 2}),
-                       p.varlen),
+                       TensorView(p.v.data(), {5, 1, 3}),
+                       MutableTensorView(p.out.data(), {5, 3, 2}), p.varlen),
       "out has shape [5,3,2] but must be [5,2,3]");
   EXPECT_MASKATTN_ERROR(
       attention_varlen(TensorView(p.q.data(), {5, 2, 4}), TensorView(p.k.data(), {5, 1, 4}),
-                       TensorView(p.v.data(), {5, 1, 3}), MutableTensorView(p.out.data(), {5, 2, 3}),
-                       p.varlen, {}, {}, {}, MutableTensorView(p.lse.data(), {5, 2})),
+                       TensorView(p.v.data(), {5, 1, 3}),
+                       MutableTensorView(p.out.data(), {5, 2, 3}), p.varlen, {}, {}, {},
+                       MutableTensorView(p.lse.data(), {5, 2})),
       "lse has shape [5,2] but must be [2,5]");
   Options options;
   options.frame = Frame{0, 0, 10, 10};

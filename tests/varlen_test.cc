@@ -116,7 +116,8 @@ std::vector<MaskCase> varlen_masks(const Packed& p, int64_t only = -1) {
   std::vector<uint8_t> layout(p.Hq * n_q16 * n_k48);
   for (int64_t h = 0; h < p.Hq; ++h) {
     for (int64_t r = 0; r < n_q16; ++r) {
-      for (int64_t c = 0; c < n_k48; ++c) layout[(h * n_q16 + r) * n_k48 + c] = hash(h, r, c) % 3 != 0;
+      for (int64_t c = 0; c < n_k48; ++c)
+        layout[(h * n_q16 + r) * n_k48 + c] = hash(h, r, c) % 3 != 0;
     }
   }
   std::vector<float> additive(rows_k);
@@ -140,7 +141,8 @@ std::vector<MaskCase> varlen_masks(const Packed& p, int64_t only = -1) {
            .spans(Array<int64_t>({batch, rows_q}, span_q), Array<int64_t>({batch, rows_k}, span_k))
            .prefix_lm(9)},
       {"dense keep", Mask().keep(Array<uint8_t>({rows_q, rows_k}, dense))},
-      {"dense blocked per batch", Mask().blocked(Array<uint8_t>({batch, 1, rows_q, rows_k}, per_batch))},
+      {"dense blocked per batch",
+       Mask().blocked(Array<uint8_t>({batch, 1, rows_q, rows_k}, per_batch))},
       {"additive", Mask().additive(Array<float>({rows_k}, additive))},
       {"per head", Mask().causal(HeadSet{0}).sliding_window(12, HeadSet::range(1, p.Hq))},
       {"predicate", Mask().predicate([shift](int64_t b, int64_t h, int64_t i, int64_t j) {
@@ -153,7 +155,8 @@ std::vector<MaskCase> varlen_masks(const Packed& p, int64_t only = -1) {
                                            "((q + 2 * kv + h) % 7 != 3))"),
        true},
       {"global & window(6,2)", Mask().window(6, 2).global_tokens(gq, gk)},
-      {"causal & global@0 & segments", Mask().causal().global_tokens(gq, gk, HeadSet{0}).segments(sq, sk)},
+      {"causal & global@0 & segments",
+       Mask().causal().global_tokens(gq, gk, HeadSet{0}).segments(sq, sk)},
       {"block-sparse [Hq] 16x48",
        Mask().block_sparse(Array<uint8_t>({p.Hq, n_q16, n_k48}, layout), 16, 48)},
   };
@@ -182,7 +185,8 @@ ScoreMods varlen_mods(const Packed& p, int64_t only = -1) {
   }
   mods.bias = Array<float>({batch, 1, rows_q, rows_k}, bias);
   std::vector<float> scale;
-  for (int64_t b = 0; b < batch; ++b) scale.push_back(1.0f + 0.25f * static_cast<float>(alone ? only : b));
+  for (int64_t b = 0; b < batch; ++b)
+    scale.push_back(1.0f + 0.25f * static_cast<float>(alone ? only : b));
   mods.program = Program::score("s * t[b]", {ProgramTable::own("t", scale, {batch})});
   return mods;
 }
@@ -202,7 +206,8 @@ TensorView packed(const DTypeBuffer& b, int64_t total, int64_t heads, int64_t di
 TensorView rows_of(const void* data, DType dtype, int64_t first, int64_t count, int64_t heads,
                    int64_t dim) {
   const char* base = static_cast<const char*>(data) + first * heads * dim * dtype_size(dtype);
-  return TensorView(base, dtype, {1, heads, count, dim}, {count * heads * dim, dim, heads * dim, 1});
+  return TensorView(base, dtype, {1, heads, count, dim},
+                    {count * heads * dim, dim, heads * dim, 1});
 }
 MutableTensorView mutable_rows_of(void* data, DType dtype, int64_t first, int64_t count,
                                   int64_t heads, int64_t dim) {
@@ -241,8 +246,7 @@ Forward run_each_alone(const Packed& p, const Buffers& in, DType dtype, size_t m
               rows_of(in.k.words.data(), dtype, k0, p.lk[i], p.Hkv, p.D),
               rows_of(in.v.words.data(), dtype, k0, p.lk[i], p.Hkv, p.Dv),
               mutable_rows_of(f.out.data(), dtype, q0, p.lq[i], p.Hq, p.Dv),
-              varlen_masks(p, i)[mask_index].mask, with_mods ? varlen_mods(p, i) : ScoreMods{},
-              own,
+              varlen_masks(p, i)[mask_index].mask, with_mods ? varlen_mods(p, i) : ScoreMods{}, own,
               MutableTensorView(f.lse.data() + q0, {1, p.Hq, p.lq[i]}, {0, p.total_q(), 1}));
   }
   return f;
@@ -386,7 +390,10 @@ struct Backward {
 Backward empty_backward(const Packed& p) {
   return {std::vector<uint32_t>(p.total_q() * p.Hq * p.D, 0x7F7F7F7Fu),
           std::vector<uint32_t>(p.total_k() * p.Hkv * p.D, 0x7F7F7F7Fu),
-          std::vector<uint32_t>(p.total_k() * p.Hkv * p.Dv, 0x7F7F7F7Fu), {}, {}, {}};
+          std::vector<uint32_t>(p.total_k() * p.Hkv * p.Dv, 0x7F7F7F7Fu),
+          {},
+          {},
+          {}};
 }
 
 // The forward, then the backward of L = Σ dout∘O, through the varlen calls.
@@ -409,8 +416,8 @@ Backward run_varlen_backward(const Packed& p, const Buffers& in, const DTypeBuff
       packed(in.q, p.total_q(), p.Hq, p.D), packed(in.k, p.total_k(), p.Hkv, p.D),
       packed(in.v, p.total_k(), p.Hkv, p.Dv),
       TensorView(f.out.data(), dtype, {p.total_q(), p.Hq, p.Dv}),
-      TensorView(f.lse.data(), {p.Hq, p.total_q()}), dout.view({p.total_q(), p.Hq, p.Dv}),
-      p.varlen, grads, mask, mods, options);
+      TensorView(f.lse.data(), {p.Hq, p.total_q()}), dout.view({p.total_q(), p.Hq, p.Dv}), p.varlen,
+      grads, mask, mods, options);
   return g;
 }
 
@@ -494,8 +501,8 @@ TEST(VarlenBackward, EqualsThePaddedBatchOnTheReference) {
     const std::vector<float> q = pad(p.q, p.varlen.cu_seqlens_q, Lq, p.Hq * p.D),
                              k = pad(p.k, p.varlen.cu_seqlens_k, Lk, p.Hkv * p.D),
                              v = pad(p.v, p.varlen.cu_seqlens_k, Lk, p.Hkv * p.Dv),
-                             dO = pad(dout.floats(p.total_q() * p.Hq * p.Dv),
-                                      p.varlen.cu_seqlens_q, Lq, p.Hq * p.Dv);
+                             dO = pad(dout.floats(p.total_q() * p.Hq * p.Dv), p.varlen.cu_seqlens_q,
+                                      Lq, p.Hq * p.Dv);
     const Mask padded_mask = Mask(mask).query_lengths(p.lq).key_lengths(p.lk);
     std::vector<float> out(B * Lq * p.Hq * p.Dv), lse(B * p.Hq * Lq), dq(q.size()), dk(k.size()),
         dv(v.size()), dsinks(p.Hq), dbias(mods.bias->numel()), dtable(B);

@@ -55,9 +55,8 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
 // A key no query sees (a sequence with Lq_i = 0 included) gets dk = dv = 0. grads.dsinks,
 // grads.dbias and grads.dtables are summed over the sequences in sequence order.
 void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
-                               const TensorView& out, const TensorView& lse,
-                               const TensorView& dout, const Varlen& varlen,
-                               const Gradients& grads, const Mask& mask = {},
+                               const TensorView& out, const TensorView& lse, const TensorView& dout,
+                               const Varlen& varlen, const Gradients& grads, const Mask& mask = {},
                                const ScoreMods& mods = {}, const Options& options = {});
 
 // The mask and modifiers of sequence `i` alone, as attention_varlen applies them: batch entry i

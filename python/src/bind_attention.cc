@@ -179,8 +179,7 @@ void bind_attention(nb::module_& m) {
         arg("max_seqlen_q"), arg("max_seqlen_k"), arg("dq"), arg("dk"), arg("dv"),
         arg("dbias").none(), arg("dsinks").none(), arg("dtables"), arg("mask").none(),
         arg("mods").none(), arg("scale").none(), arg("threads"), arg("kernel"), arg("products"),
-        arg("element"), arg("dropout_p") = 0.0, arg("dropout_seed") = 0,
-        arg("dropout_offset") = 0);
+        arg("element"), arg("dropout_p") = 0.0, arg("dropout_seed") = 0, arg("dropout_offset") = 0);
   m.def("merge_partials", &merge_binding, arg("outs"), arg("lses"), arg("out"), arg("lse").none(),
         arg("element"));
 }

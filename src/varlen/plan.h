@@ -56,8 +56,7 @@ inline Plan plan_sequences(const Varlen& v, int64_t heads, const Options& option
 template <typename Body>
 void run_plan(const Plan& plan, const Options& options, Body&& body) {
   for (int64_t i : plan.alone) body(i, options.threads);
-  detail::run_longest_first(plan.costs, plan.threads,
-                            [&](int64_t n) { body(plan.shared[n], 1); });
+  detail::run_longest_first(plan.costs, plan.threads, [&](int64_t n) { body(plan.shared[n], 1); });
 }
 
 }  // namespace maskattn::varlen_detail

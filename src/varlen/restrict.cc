@@ -58,7 +58,8 @@ void for_each_in_cut(const Dims& shape, const std::vector<AxisCut>& cuts, Visit&
   std::array<int64_t, 4> index{};
   for (int64_t n = 0; n < total; ++n) {
     int64_t offset = 0;
-    for (int axis = 0; axis < rank; ++axis) offset += (cuts[axis].first + index[axis]) * stride[axis];
+    for (int axis = 0; axis < rank; ++axis)
+      offset += (cuts[axis].first + index[axis]) * stride[axis];
     visit(n, offset);
     for (int axis = rank - 1; axis >= 0; --axis) {  // the next index, last axis fastest
       if (++index[axis] < cuts[axis].count) break;
@@ -73,7 +74,8 @@ Array<T> cut(const Array<T>& a, const std::vector<AxisCut>& cuts) {
   Dims shape;
   for (const AxisCut& axis : cuts) shape.push_back(axis.count);
   std::vector<T> values;
-  for_each_in_cut(a.shape(), cuts, [&](int64_t, int64_t offset) { values.push_back(a.data()[offset]); });
+  for_each_in_cut(a.shape(), cuts,
+                  [&](int64_t, int64_t offset) { values.push_back(a.data()[offset]); });
   return Array<T>(std::move(shape), std::move(values));
 }
 
@@ -105,7 +107,9 @@ Array<int64_t> cut_row(const Array<int64_t>& a, int64_t i, int64_t length) {
   return cut(a, {{a.dim(0) == 1 ? 0 : i, 1}, {0, length}});
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // A program with b replaced by (b + i): in a call on sequence i alone, b is 0.
 Program shift_batch(const Program& program, int64_t i) {

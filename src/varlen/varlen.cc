@@ -70,7 +70,8 @@ void check_forward(const TensorView& q, const TensorView& k, const TensorView& v
                                            whole_rows(out).strides()),
                          {1, p.q_heads, p.q_len, p.value_dim}, q.dtype(), "out", qv);
   if (!lse.is_null()) {
-    check_packed_shape(lse, {q.size(1), q.size(0)}, "lse", "q " + q.shape_string() + ": [Hq, total_q]");
+    check_packed_shape(lse, {q.size(1), q.size(0)}, "lse",
+                       "q " + q.shape_string() + ": [Hq, total_q]");
     if (lse.dtype() != DType::f32) {
       throw Error(std::string("lse has dtype ") + dtype_name(lse.dtype()) + " but must be f32");
     }
@@ -110,8 +111,7 @@ SequenceProblem varlen_sequence(const Varlen& varlen, int64_t i, const Mask& mas
 
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                       const MutableTensorView& out, const Varlen& varlen, const Mask& mask,
-                      const ScoreMods& mods, const Options& options,
-                      const MutableTensorView& lse) {
+                      const ScoreMods& mods, const Options& options, const MutableTensorView& lse) {
   check_forward(q, k, v, out, varlen, mask, mods, options, lse);
   const Plan plan = varlen_detail::plan_sequences(varlen, q.size(1), options);
   varlen_detail::run_plan(plan, options, [&](int64_t i, int threads) {

@@ -107,15 +107,16 @@ void check_backward(const TensorView& q, const TensorView& k, const TensorView& 
   const detail::Problem p = varlen_detail::check_inputs(q, k, v, varlen, options);
   check_saved(q, v, out, lse, dout);
   check_gradients(q, k, v, grads, mods);
-  varlen_detail::NamedViews outputs = {{&grads.dq, "dq"},       {&grads.dk, "dk"},
-                                       {&grads.dv, "dv"},       {&grads.dsinks, "dsinks"},
+  varlen_detail::NamedViews outputs = {{&grads.dq, "dq"},
+                                       {&grads.dk, "dk"},
+                                       {&grads.dv, "dv"},
+                                       {&grads.dsinks, "dsinks"},
                                        {&grads.dbias, "dbias"}};
   for (size_t t = 0; t < grads.dtables.size(); ++t) {
     outputs.emplace_back(&grads.dtables[t], "dtables[" + std::to_string(t) + "]");
   }
   varlen_detail::check_outputs_disjoint(
-      outputs,
-      {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}, {&dout, "dout"}});
+      outputs, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}, {&dout, "dout"}});
   varlen_detail::check_mask(p, varlen, mask, mods, options);
   if (options.check_finite) {
     detail::check_finite_inputs(p, mask, mods);
@@ -170,10 +171,9 @@ void reduce_parts(const SharedParts& parts, const Varlen& varlen, const Gradient
 }  // namespace
 
 void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
-                               const TensorView& out, const TensorView& lse,
-                               const TensorView& dout, const Varlen& varlen,
-                               const Gradients& grads, const Mask& mask, const ScoreMods& mods,
-                               const Options& options) {
+                               const TensorView& out, const TensorView& lse, const TensorView& dout,
+                               const Varlen& varlen, const Gradients& grads, const Mask& mask,
+                               const ScoreMods& mods, const Options& options) {
   check_backward(q, k, v, out, lse, dout, varlen, grads, mask, mods, options);
   const varlen_detail::Plan plan = varlen_detail::plan_sequences(varlen, q.size(1), options);
   SharedParts parts;
@@ -187,10 +187,9 @@ void attention_varlen_backward(const TensorView& q, const TensorView& k, const T
                   sequence_rows(grads.dv, k0, lk));
     own.accumulate = grads.accumulate;
     parts.attach(i, grads, s.mods, own);
-    attention_backward(sequence_rows(q, q0, lq), sequence_rows(k, k0, lk),
-                       sequence_rows(v, k0, lk), sequence_rows(out, q0, lq),
-                       varlen_detail::sequence_lse(lse, q0, lq), sequence_rows(dout, q0, lq), own,
-                       s.mask, s.mods, s.options);
+    attention_backward(sequence_rows(q, q0, lq), sequence_rows(k, k0, lk), sequence_rows(v, k0, lk),
+                       sequence_rows(out, q0, lq), varlen_detail::sequence_lse(lse, q0, lq),
+                       sequence_rows(dout, q0, lq), own, s.mask, s.mods, s.options);
   });
   reduce_parts(parts, varlen, grads, mods);
 }

@@ -6,8 +6,8 @@
 // property is checked, with the index of the first entry that breaks it.
 #include <string>
 #include <utility>
-#include <vector>
 #include <variant>
+#include <vector>
 
 #include "core/dropout.h"
 #include "mask/resolved_mask.h"
@@ -18,7 +18,9 @@
 
 namespace maskattn {
 
-void varlen_fail(const std::string& message) { throw Error(message); }
+void varlen_fail(const std::string& message) {
+  throw Error(message);
+}
 
 namespace varlen_detail {
 
@@ -53,8 +55,8 @@ void check_one(const std::vector<int64_t>& offsets, const char* side, int64_t to
     }
   }
   if (offsets.back() != total) {
-    varlen_fail(name + " ends at " + std::to_string(offsets.back()) + " but " + rows_of +
-                " has " + std::to_string(total) +
+    varlen_fail(name + " ends at " + std::to_string(offsets.back()) + " but " + rows_of + " has " +
+                std::to_string(total) +
                 " rows; the last offset is the total number of packed tokens");
   }
   if (max_seqlen < 0) {
@@ -99,9 +101,9 @@ void check_padding_value(const component::Padding& padding, int64_t i, int64_t l
   if (value <= length) return;
   const bool query = padding.side == Side::query;
   const char* form = padding.form == component::Padding::Form::lengths ? "lengths" : "starts";
-  varlen_fail(std::string(query ? "query_" : "key_") + form + "[" + std::to_string(i) + "] = " +
-              std::to_string(value) + " exceeds sequence " + std::to_string(i) + "'s own " +
-              (query ? "Lq" : "Lk") + " = " + std::to_string(length) + " (cu_seqlens_" +
+  varlen_fail(std::string(query ? "query_" : "key_") + form + "[" + std::to_string(i) +
+              "] = " + std::to_string(value) + " exceeds sequence " + std::to_string(i) +
+              "'s own " + (query ? "Lq" : "Lk") + " = " + std::to_string(length) + " (cu_seqlens_" +
               (query ? "q" : "k") +
               "); in a varlen call lengths and starts count the sequence's own tokens");
 }
@@ -115,7 +117,8 @@ void check_sequence_values(const Mask& mask, const Varlen& varlen) {
       continue;
     }
     const auto& cu = padding->side == Side::query ? varlen.cu_seqlens_q : varlen.cu_seqlens_k;
-    for (int64_t i = 0; i < varlen.batch(); ++i) check_padding_value(*padding, i, cu[i + 1] - cu[i]);
+    for (int64_t i = 0; i < varlen.batch(); ++i)
+      check_padding_value(*padding, i, cu[i + 1] - cu[i]);
   }
 }
 
@@ -197,7 +200,9 @@ MutableTensorView sequence_lse(const TensorView& lse, int64_t first, int64_t cou
   return MutableTensorView(base, {1, lse.size(0), count}, {0, lse.stride(0), lse.stride(1)});
 }
 
-TensorView whole_rows(const TensorView& t) { return sequence_rows(t, 0, t.size(0)); }
+TensorView whole_rows(const TensorView& t) {
+  return sequence_rows(t, 0, t.size(0));
+}
 
 }  // namespace varlen_detail
 }  // namespace maskattn
