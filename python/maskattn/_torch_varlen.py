@@ -23,9 +23,9 @@ import torch
 from . import _core, _varlen
 from ._dropout import NO_DROPOUT, Dropout, checked_dropout, seed_for
 from ._torch_autograd import (
-    _mod_grad,
-    _live_saved_calls,
-    _SavedCall,
+    mod_grad,
+    live_saved_calls,
+    SavedCall,
     check_mask,
     check_tensors,
     core_mods_of,
@@ -63,8 +63,8 @@ class _VarlenFunction(torch.autograd.Function):
     def forward(ctx, query, key, value, bias, sinks, call: VarlenCall, *tables):
         out, lse = _forward(query, key, value, call)
         ctx.save_for_backward(query, key, value, out, lse, *tables)
-        ctx.saved_call = _SavedCall(call)
-        _live_saved_calls.add(ctx.saved_call)
+        ctx.saved_call = SavedCall(call)
+        live_saved_calls.add(ctx.saved_call)
         ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
         ctx.sinks_meta = None if sinks is None else (sinks.shape, sinks.dtype)
         ctx.table_metas = [(t.shape, t.dtype) for t in tables]
@@ -88,10 +88,10 @@ class _VarlenFunction(torch.autograd.Function):
         )
         dq, dk, dv, dbias, dsinks = grads[:5]
         dtables = grads[5] if wants_tables else {}
-        table_grads = [_mod_grad(dtables.get(name), meta, needed) for name, meta, needed in
+        table_grads = [mod_grad(dtables.get(name), meta, needed) for name, meta, needed in
                        zip(call.table_names, ctx.table_metas, ctx.needs_input_grad[6:])]
-        return (dq, dk, dv, _mod_grad(dbias, ctx.bias_meta, ctx.needs_input_grad[3]),
-                _mod_grad(dsinks, ctx.sinks_meta, ctx.needs_input_grad[4]), None, *table_grads)
+        return (dq, dk, dv, mod_grad(dbias, ctx.bias_meta, ctx.needs_input_grad[3]),
+                mod_grad(dsinks, ctx.sinks_meta, ctx.needs_input_grad[4]), None, *table_grads)
 
 
 def _varlen_and_lse(query, key, value, call, bias, sinks, tables):

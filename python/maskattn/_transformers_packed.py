@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from ._core import Error, Mask
+from ._transformers_parts import Remapped, Segments, Window
 
 _KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
@@ -66,14 +67,12 @@ def _offsets_of_segments(ids: torch.Tensor):
 def _document_mask(prepared, windows_of):
     """The mask of one document: the prepared mask's causal and window pieces, or None when it
     holds a piece varlen does not carry (key padding, chunks, spans)."""
-    from .transformers import _Remapped, _Segments, _Window  # noqa: PLC0415 (cyclic)
-
     parts = prepared.parts
-    if parts is None or not all(isinstance(p, (_Window, _Segments, _Remapped)) for p in parts):
+    if parts is None or not all(isinstance(p, (Window, Segments, Remapped)) for p in parts):
         return None
     mask = Mask()
     length = prepared.q_len
-    if not windows_of(mask, [p for p in parts if isinstance(p, _Window)], False,
+    if not windows_of(mask, [p for p in parts if isinstance(p, Window)], False,
                       (length, length, 0, 0)):
         return None
     return mask
@@ -83,8 +82,6 @@ def packed_call(query, attention_mask, bias, kwargs, causal, prepared_type, wind
     """(cu_seqlens_q, cu_seqlens_k, max_q, max_k, document mask) when this attention call is a
     packed batch that varlen computes, else None. ``query`` is [B, H, L, D]; ``causal`` is the
     module's rule when no mask creation reached the call."""
-    from .transformers import _Segments  # noqa: PLC0415 (cyclic)
-
     offsets = _given_offsets(kwargs)
     if bias is not None or kwargs.get("output_attentions"):
         return None
@@ -96,7 +93,7 @@ def packed_call(query, attention_mask, bias, kwargs, causal, prepared_type, wind
         return None
     if attention_mask.offsets != (0, 0) or attention_mask.q_len != attention_mask.kv_len:
         return None  # a KV cache: queries are not their documents' whole rows
-    segments = [p for p in attention_mask.parts if isinstance(p, _Segments)]
+    segments = [p for p in attention_mask.parts if isinstance(p, Segments)]
     if offsets is None:
         if len(segments) != 1 or segments[0].ids.shape[1] != query.shape[2]:
             return None

@@ -15,7 +15,7 @@ import numbers
 import numpy as np
 
 from . import _core
-from ._api import _table_grads, check_mask_mods_scale, input_views
+from ._api import table_grads_for, check_mask_mods_scale, input_views
 from ._arrays import Error, core_view, empty_like_framework, is_torch, threads_arg
 from ._dropout import backward_seed, checked_dropout, seed_for
 
@@ -124,7 +124,7 @@ def attention_varlen_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_
             dbias = empty_like_framework(q, tuple(mods.bias.shape), "float32")
         if len(mods.sinks) > 0:
             dsinks = empty_like_framework(q, (len(mods.sinks),), "float32")
-    table_grads = _table_grads(q, mods) if return_table_grads else {}
+    table_grads = table_grads_for(q, mods) if return_table_grads else {}
     _core.attention_varlen_backward(
         *views[:3], views[3], core_view(lse, "lse", "")[0], views[4], cu_q, cu_k, max_q, max_k,
         *(core_view(g, name, element)[0] for g, name in zip(grads, ("dq", "dk", "dv"))), dbias,
