@@ -52,6 +52,7 @@ OWNERS = {
     "src/layer/": "layer",
     "src/diagnostics/": "diagnostics",
     "src/ring/": "ring",
+    "src/varlen/": "varlen",
     "src/ring/agreement_mpi": "distributed",
     "src/ring/ring_mpi": "distributed",
     "src/viz/": "viz",
@@ -59,7 +60,7 @@ OWNERS = {
 }
 
 LIBRARY = {"interface", "core", "io", "data", "mask", "program", "kernels", "api", "layer", "diagnostics",
-           "ring"}
+           "ring", "varlen"}
 
 # What each layer may include besides itself. The public interface is a layer of declarations
 # under everything; the private layers stack as the data flows: a mask is resolved (mask) before a
@@ -77,6 +78,7 @@ MAY_INCLUDE = {
     "layer": {"interface", "core", "mask", "kernels", "api", "program"},
     "diagnostics": {"interface", "core", "mask", "kernels", "api", "program"},
     "ring": {"interface", "core", "mask", "kernels", "api", "program"},
+    "varlen": {"interface", "core", "mask", "kernels", "api", "program"},
     "viz": LIBRARY,
     "model": LIBRARY,
     "distributed": LIBRARY,

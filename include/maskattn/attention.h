@@ -56,6 +56,9 @@ struct Dropout {
   double p = 0.0;       // 0 ≤ p ≤ 1
   uint64_t seed = 0;    // the Philox key
   uint64_t offset = 0;  // < 2^32: separates calls that share a seed (layers, steps)
+  // The counter's batch index is batch_offset + b: a call on entries [n, n + B) of a larger batch
+  // (attention_varlen's sequence i alone: batch_offset = i) draws as that batch does.
+  uint64_t batch_offset = 0;
 };
 
 struct Options {

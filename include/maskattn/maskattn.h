@@ -26,3 +26,4 @@
 #include "maskattn/tensor.h"
 #include "maskattn/tokens.h"
 #include "maskattn/tree.h"
+#include "maskattn/varlen.h"

@@ -26,6 +26,7 @@ from ._api import (
 from ._layouts import bigbird_layout, fixed_layout, strided_layout
 from ._paged import KV_FORMATS, PagedKVCache, attention_paged
 from ._tree import accept_tree_path, tree_path, tree_position_ids
+from ._varlen import attention_varlen, attention_varlen_backward
 
 # The debugging and data tools (audit, health report, heatmaps, tokens and batches).
 from ._tools import (
@@ -79,6 +80,8 @@ __all__ = [
     "cpu_info",
     "gradcheck",
     "merge_partials",
+    "attention_varlen",
+    "attention_varlen_backward",
     "bigbird_layout",
     "strided_layout",
     "fixed_layout",

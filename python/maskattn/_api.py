@@ -225,7 +225,7 @@ def attention_backward(
             dbias = empty_like_framework(q, tuple(bias.shape), "float32")
         if len(mods.sinks) > 0:
             dsinks = empty_like_framework(q, (len(mods.sinks),), "float32")
-    table_grads = _table_grads(q, mods) if return_table_grads else {}
+    table_grads = table_grads_for(q, mods) if return_table_grads else {}
     _core.attention_backward(
         qb, kb, vb, ob, lse_view, db, *grad_views, dbias, dsinks,
         [core_view(g, "dtables", "")[0] if g is not None else None for g in table_grads.values()],
@@ -238,7 +238,7 @@ def attention_backward(
     return result
 
 
-def _table_grads(like, mods):
+def table_grads_for(like, mods):
     """{name: zeroed float32 gradient, or None for a table that has none} for every table of
     ``mods.program``, in the program's order (the core takes one entry per table)."""
     program = mods.program if mods is not None else None

@@ -183,7 +183,7 @@ def check_mask(mask):
         )
 
 
-class _SavedCall:
+class SavedCall:
     """The non-tensor part of a call kept for backward. Autograd graphs alive at interpreter
     exit (an output kept in a global) would otherwise hold the C++ Mask until after the
     extension is torn down, and nanobind would report it as leaked; an atexit hook drops it."""
@@ -194,12 +194,12 @@ class _SavedCall:
         self.call = call
 
 
-_live_saved_calls = weakref.WeakSet()
+live_saved_calls = weakref.WeakSet()
 
 
 @atexit.register
 def _release_saved_calls():
-    for saved in list(_live_saved_calls):
+    for saved in list(live_saved_calls):
         saved.call = None
 
 
@@ -212,8 +212,8 @@ class _AttentionFunction(torch.autograd.Function):
         # The tables are saved only so that autograd refuses a backward after they were changed
         # in place (the program reads them again then).
         ctx.save_for_backward(query, key, value, out, lse, *tables)
-        ctx.saved_call = _SavedCall(call)
-        _live_saved_calls.add(ctx.saved_call)
+        ctx.saved_call = SavedCall(call)
+        live_saved_calls.add(ctx.saved_call)
         ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
         ctx.sinks_meta = None if sinks is None else (sinks.shape, sinks.dtype)
         ctx.table_metas = [(t.shape, t.dtype) for t in tables]
@@ -237,14 +237,14 @@ class _AttentionFunction(torch.autograd.Function):
         )
         dq, dk, dv, dbias, dsinks = grads[:5]
         dtables = grads[5] if wants_tables else {}
-        bias_grad = _mod_grad(dbias, ctx.bias_meta, ctx.needs_input_grad[3])
-        sinks_grad = _mod_grad(dsinks, ctx.sinks_meta, ctx.needs_input_grad[4])
-        table_grads = [_mod_grad(dtables.get(name), meta, needed) for name, meta, needed in
+        bias_grad = mod_grad(dbias, ctx.bias_meta, ctx.needs_input_grad[3])
+        sinks_grad = mod_grad(dsinks, ctx.sinks_meta, ctx.needs_input_grad[4])
+        table_grads = [mod_grad(dtables.get(name), meta, needed) for name, meta, needed in
                        zip(call.table_names, ctx.table_metas, ctx.needs_input_grad[6:])]
         return (dq, dk, dv, bias_grad, sinks_grad, None, *table_grads)
 
 
-def _mod_grad(grad, meta, needed):
+def mod_grad(grad, meta, needed):
     """The float32 gradient of a bias or sinks tensor, in that tensor's shape and dtype."""
     if not needed or grad is None or meta is None:
         return None

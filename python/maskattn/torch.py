@@ -17,12 +17,15 @@ from . import _torch_compile  # noqa: F401  (registers the maskattn::sdpa custom
 from ._torch_autograd import ScoreMods, attention
 from ._torch_flex import BlockMask, create_block_mask, flex_attention
 from ._torch_sdpa import scaled_dot_product_attention
+from ._torch_varlen import attention_varlen, flash_attn_varlen_func
 
 __all__ = [
     "BlockMask",
     "ScoreMods",
     "attention",
+    "attention_varlen",
     "create_block_mask",
+    "flash_attn_varlen_func",
     "flex_attention",
     "scaled_dot_product_attention",
 ]

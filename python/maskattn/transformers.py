@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -50,6 +49,8 @@ import torch
 from ._core import Error, Mask
 from ._dropout import checked_dropout, torch_seed
 from ._torch_autograd import COMPUTE_DTYPES
+from ._transformers_packed import packed_call
+from ._transformers_parts import Chunk, KeyKeep, Remapped, Segments, Spans, Window
 
 try:
     import transformers as _transformers
@@ -83,10 +84,15 @@ class PreparedMask:
 
     ndim = 4
 
-    def __init__(self, mask: Mask, batch: int, q_len: int, kv_len: int, structured: bool):
+    def __init__(self, mask: Mask, batch: int, q_len: int, kv_len: int, structured: bool,
+                 parts=None, offsets=(0, 0)):
         self.mask = mask
         self.batch, self.q_len, self.kv_len = batch, q_len, kv_len
         self.structured = structured
+        # The recognised pieces (None for a dense mask) and (q_offset, kv_offset): what a packed
+        # batch's varlen call reads (_transformers_packed).
+        self.parts = parts
+        self.offsets = offsets
 
     @property
     def shape(self):
@@ -101,40 +107,6 @@ class PreparedMask:
 # ---------------------------------------------------------------------------------------------
 # Reading transformers' mask functions
 # ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Window:
-    """lo ≤ q − kv ≤ hi on absolute indices (±inf: unbounded)."""
-    lo: float
-    hi: float
-
-
-@dataclass(frozen=True)
-class _Chunk:
-    size: int
-    left_padding: torch.Tensor  # [B]: chunks count from each sequence's first real token
-
-
-@dataclass(frozen=True)
-class _KeyKeep:
-    keep: torch.Tensor  # [B, ≥ kv_offset + Lk], indexed by absolute key index
-
-
-@dataclass(frozen=True)
-class _Segments:
-    ids: torch.Tensor  # [B, L], packed sequences (no cache, so Lq == Lk == L)
-
-
-@dataclass(frozen=True)
-class _Spans:
-    block_ids: torch.Tensor  # [B, ≥ L]: −1 = no block; a block is bidirectional inside
-
-
-@dataclass(frozen=True)
-class _Remapped:
-    """Positions restarted per packed sequence: harmless for windows (they see only q − kv,
-    unchanged inside a sequence), provided the packed-sequence segments are also present."""
-
 
 def _cells(fn) -> dict:
     closure = fn.__closure__ or ()
@@ -160,27 +132,27 @@ def _parts_of_union(functions):
     base = _parts_of_all([fn for fn in functions if _maker(fn) != "blockwise_overlay"])
     if len(blocks) != 1 or base is None:
         return None
-    if not all(isinstance(p, (_Window, _Remapped)) for p in base):
+    if not all(isinstance(p, (Window, Remapped)) for p in base):
         return None
-    return base + [_Spans(_cells(blocks[0])["block_sequence_ids"])]
+    return base + [Spans(_cells(blocks[0])["block_sequence_ids"])]
 
 
 def _parts_of_remapped(cells):
     inner = _parts_of(cells["mask_function"])
-    if inner is None or not all(isinstance(p, _Window) for p in inner):
+    if inner is None or not all(isinstance(p, Window) for p in inner):
         return None
-    return inner + [_Remapped()]
+    return inner + [Remapped()]
 
 
 _READERS = {
     "and_masks": lambda c: _parts_of_all(c["mask_functions"]),
     "or_masks": lambda c: _parts_of_union(c["mask_functions"]),
-    "sliding_window_overlay": lambda c: [_Window(-_INF, c["sliding_window"] - 1)],
+    "sliding_window_overlay": lambda c: [Window(-_INF, c["sliding_window"] - 1)],
     "sliding_window_bidirectional_overlay": lambda c: [
-        _Window(-c["sliding_window"], c["sliding_window"])],
-    "chunked_overlay": lambda c: [_Chunk(int(c["chunk_size"]), c["left_padding"])],
-    "padding_mask_function": lambda c: [_KeyKeep(c["padding_mask"])],
-    "packed_sequence_mask_function": lambda c: [_Segments(c["packed_sequence_mask"])],
+        Window(-c["sliding_window"], c["sliding_window"])],
+    "chunked_overlay": lambda c: [Chunk(int(c["chunk_size"]), c["left_padding"])],
+    "padding_mask_function": lambda c: [KeyKeep(c["padding_mask"])],
+    "packed_sequence_mask_function": lambda c: [Segments(c["packed_sequence_mask"])],
     "remap_positions_for_packed_sequence": _parts_of_remapped,
 }
 
@@ -188,7 +160,7 @@ _READERS = {
 def _parts_of(fn):
     """The pieces of a masking_utils mask function, or None when one of them is not known."""
     if fn is _hf_masks.causal_mask_function:
-        return [_Window(0, _INF)]
+        return [Window(0, _INF)]
     if fn is _hf_masks.bidirectional_mask_function:
         return []
     reader = _READERS.get(_maker(fn))
@@ -266,10 +238,10 @@ def _add_chunks(mask, chunks, batch, kv_len, kv_offset):
 
 def _structured_mask(parts, batch, q_len, kv_len, q_offset, kv_offset):
     """The Mask for recognised pieces, or None when one of them cannot be expressed."""
-    windows = [p for p in parts if isinstance(p, _Window)]
-    chunks = [p for p in parts if isinstance(p, _Chunk)]
-    segments = [p for p in parts if isinstance(p, _Segments)]
-    if any(isinstance(p, _Remapped) for p in parts) and not segments:
+    windows = [p for p in parts if isinstance(p, Window)]
+    chunks = [p for p in parts if isinstance(p, Chunk)]
+    segments = [p for p in parts if isinstance(p, Segments)]
+    if any(isinstance(p, Remapped) for p in parts) and not segments:
         return None
     mask = Mask()
     if not _add_windows(mask, windows, bool(chunks), (q_len, kv_len, q_offset, kv_offset)):
@@ -277,19 +249,19 @@ def _structured_mask(parts, batch, q_len, kv_len, q_offset, kv_offset):
     if chunks and not _add_chunks(mask, chunks, batch, kv_len, kv_offset):
         return None
     for part in parts:
-        if isinstance(part, _KeyKeep):
+        if isinstance(part, KeyKeep):
             keep = _columns(part.keep, kv_offset, kv_len, 0)
             if keep is None or keep.shape[0] != batch:
                 return None
             if not keep.all():
                 mask.key_keep(keep)
-        elif isinstance(part, _Segments):
+        elif isinstance(part, Segments):
             if part.ids.ndim != 2 or part.ids.shape[1] < max(q_offset + q_len, kv_offset + kv_len):
                 return None
             q_ids = _columns(part.ids, q_offset, q_len, 0)
             k_ids = _columns(part.ids, kv_offset, kv_len, 0)
             mask.segments(q_ids, k_ids)
-        elif isinstance(part, _Spans):
+        elif isinstance(part, Spans):
             # span ids: block + 1, and 0 (no span) for −1
             q_ids = _columns(part.block_ids + 1, q_offset, q_len, 0)
             k_ids = _columns(part.block_ids + 1, kv_offset, kv_len, 0)
@@ -337,7 +309,7 @@ def prepare_mask(
     mask_function = mask_function or _hf_masks.causal_mask_function
     parts = _parts_of(mask_function)
     if parts is not None and attention_mask is not None:
-        parts = parts + [_KeyKeep(attention_mask)]
+        parts = parts + [KeyKeep(attention_mask)]
     mask = None
     if parts is not None:
         mask = _structured_mask(parts, batch_size, q_length, kv_length, q_offset, kv_offset)
@@ -345,7 +317,8 @@ def prepare_mask(
     if not structured:
         mask = _dense_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
                            attention_mask, use_vmap, local_size)
-    return PreparedMask(mask, batch_size, q_length, kv_length, structured)
+    return PreparedMask(mask, batch_size, q_length, kv_length, structured,
+                        parts if structured else None, (q_offset, kv_offset))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -447,6 +420,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     dropout = checked_dropout(dropout, None, 0, "maskattn attention backend: dropout").p
     # One seed for the output and the weights below, so that both drop the same pairs.
     seed = torch_seed() if dropout > 0 else None
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    packed = packed_call(query, attention_mask, bias, kwargs, causal, PreparedMask, _add_windows)
+    if packed is not None:  # a padding-free batch: each document alone (_transformers_packed)
+        return _packed_forward(maskattn_torch, query, key, value, packed, mods, scaling,
+                               dropout, seed), None
     # blhd views of transformers' [B, H, L, D] tensors: the output is allocated [B, Lq, Hq, Dv]
     # and contiguous, which is what the model reshapes next.
     out = maskattn_torch.attention(
@@ -455,6 +433,16 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     weights = _weights(query, key, mask, mods, scaling, dropout, seed) \
         if kwargs.get("output_attentions") else None
     return out, weights
+
+
+def _packed_forward(maskattn_torch, query, key, value, packed, mods, scaling, dropout, seed):
+    """attention_varlen over the flattened [B·L, H, D] tokens; the output [B, L, Hq, Dv]."""
+    batch, heads, length, _ = query.shape
+    flat = [x.transpose(1, 2).reshape(batch * x.shape[2], x.shape[1], x.shape[3])
+            for x in (query, key, value)]
+    out = maskattn_torch.attention_varlen(*flat, *packed, mods, scale=scaling, dropout_p=dropout,
+                                          dropout_seed=seed)
+    return out.view(batch, length, heads, value.shape[3])
 
 
 def _mask_interface_takes_offsets() -> bool:

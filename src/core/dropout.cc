@@ -19,7 +19,7 @@ std::string number(double value) {
 }
 
 // Each counter word is 32 bits: the problem's rows and heads must fit in theirs.
-void require_counter_room(const MaskShape& whole) {
+void require_counter_room(const MaskShape& whole, uint64_t batch_offset) {
   const auto fail = [](const std::string& what) {
     throw Error("dropout: " + what +
                 " leaves the 32-bit words of the Philox counter that numbers the pairs (docs/"
@@ -30,6 +30,12 @@ void require_counter_room(const MaskShape& whole) {
   if (whole.k_len > (int64_t{1} << 35)) fail("Lk = " + std::to_string(whole.k_len));
   if (whole.batch * whole.q_heads > (int64_t{1} << 32)) {
     fail("B·Hq = " + std::to_string(whole.batch) + "·" + std::to_string(whole.q_heads));
+  }
+  if (batch_offset >= (uint64_t{1} << 32) ||
+      (batch_offset + static_cast<uint64_t>(whole.batch)) * static_cast<uint64_t>(whole.q_heads) >
+          (uint64_t{1} << 32)) {
+    fail("(batch_offset + B)·Hq = (" + std::to_string(batch_offset) + " + " +
+         std::to_string(whole.batch) + ")·" + std::to_string(whole.q_heads));
   }
 }
 
@@ -47,7 +53,7 @@ DropoutRule resolve_dropout(const Dropout& dropout, const MaskShape& whole_probl
   }
   DropoutRule rule;
   if (dropout.p == 0.0) return rule;
-  require_counter_room(whole_problem);
+  require_counter_room(whole_problem, dropout.batch_offset);
   rule.on = true;
   rule.threshold = static_cast<uint32_t>(std::llround(dropout.p * kDrawsPerUnit));
   const int64_t kept_draws = kDrawsPerUnit - rule.threshold;
@@ -57,6 +63,7 @@ DropoutRule resolve_dropout(const Dropout& dropout, const MaskShape& whole_probl
   rule.key1 = static_cast<uint32_t>(dropout.seed >> 32);
   rule.offset = static_cast<uint32_t>(dropout.offset);
   rule.q_heads = whole_problem.q_heads;
+  rule.head_row_offset = static_cast<uint32_t>(dropout.batch_offset * whole_problem.q_heads);
   return rule;
 }
 

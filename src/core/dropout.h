@@ -34,6 +34,9 @@ struct DropoutRule {
   uint32_t key0 = 0, key1 = 0;  // the seed's halves
   uint32_t offset = 0;
   int64_t q_heads = 0;  // Hq, for the counter's b·Hq + h
+  // Dropout::batch_offset·Hq, added to every b·Hq + h (the kernels' `bh`; dropout-inl.h adds it
+  // where a kernel's bh enters the generator).
+  uint32_t head_row_offset = 0;
 };
 
 // Checks `dropout` against the whole problem (the call's shape with the frame's totals) and
@@ -55,10 +58,10 @@ constexpr int dropout_draw_index(int64_t kv) {
 // kernel and the tests. The fast kernels make 64 of these at once (kernels/dropout-inl.h).
 inline bool dropout_keeps(const DropoutRule& rule, int64_t b, int64_t h, int64_t q, int64_t kv) {
   if (!rule.on) return true;
-  const PhiloxWords words =
-      philox4x32_10({dropout_counter_column(kv), static_cast<uint32_t>(q),
-                     static_cast<uint32_t>(b * rule.q_heads + h), rule.offset},
-                    rule.key0, rule.key1);
+  const PhiloxWords words = philox4x32_10(
+      {dropout_counter_column(kv), static_cast<uint32_t>(q),
+       static_cast<uint32_t>(rule.head_row_offset + b * rule.q_heads + h), rule.offset},
+      rule.key0, rule.key1);
   const int draw_index = dropout_draw_index(kv);
   const uint32_t draw = (words[draw_index >> 1] >> (16 * (draw_index & 1))) & 0xFFFFu;
   return draw >= rule.threshold;

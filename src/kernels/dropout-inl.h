@@ -195,7 +195,8 @@ HWY_INLINE uint64_t DropoutRowBits(const DropoutRule& rule, uint32_t bh, int64_t
 #else  // HWY_SCALAR: one pair at a time, by the definition
 
 HWY_INLINE uint64_t DropoutRowBits(const DropoutRule& rule, uint32_t bh, int64_t q, int64_t kv0) {
-  const int64_t b = bh / rule.q_heads, h = bh % rule.q_heads;
+  const int64_t row = bh - rule.head_row_offset;  // dropout_keeps adds the offset back
+  const int64_t b = row / rule.q_heads, h = row % rule.q_heads;
   uint64_t bits = 0;
   for (int64_t j = 0; j < 64; ++j) bits |= uint64_t{dropout_keeps(rule, b, h, q, kv0 + j)} << j;
   return bits;
@@ -211,7 +212,10 @@ HWY_INLINE void DropoutRowGroup(const DropoutRule& rule, const uint32_t* bh, con
 
 // The same for a tile starting at any global key row kv (frames place a call's keys anywhere):
 // bit j is pair (q, kv + j), from the one or two 64-key groups the tile overlaps.
-HWY_INLINE uint64_t DropoutRowBitsAt(const DropoutRule& rule, uint32_t bh, int64_t q, int64_t kv) {
+// The kernels' bh is b·Hq + h of the call: these entry points add the rule's head_row_offset.
+HWY_INLINE uint64_t DropoutRowBitsAt(const DropoutRule& rule, uint32_t call_bh, int64_t q,
+                                     int64_t kv) {
+  const uint32_t bh = call_bh + rule.head_row_offset;
   const int64_t shift = kv & 63, group = kv - shift;
   const uint64_t low = DropoutRowBits(rule, bh, q, group);
   if (shift == 0) return low;
@@ -223,7 +227,8 @@ HWY_INLINE void DropoutTileRows(const DropoutRule& rule, uint32_t bh, int64_t q0
                                 int64_t kv, uint64_t* HWY_RESTRICT out) {
   constexpr int kInFlight = 4;
   const int64_t shift = kv & 63, group = kv - shift;
-  const uint32_t heads[kInFlight] = {bh, bh, bh, bh};
+  const uint32_t row = bh + rule.head_row_offset;
+  const uint32_t heads[kInFlight] = {row, row, row, row};
   for (int64_t i = 0; i < count; i += kInFlight) {
     int64_t rows[kInFlight];  // past the end: the last row again (its bits are not stored)
     for (int r = 0; r < kInFlight; ++r) rows[r] = q0 + std::min<int64_t>(i + r, count - 1);
@@ -242,9 +247,9 @@ HWY_INLINE void DropoutColumnBitsAt(const DropoutRule& rule, uint32_t bh, int64_
                                     int64_t q_count, int64_t kv, uint64_t* HWY_RESTRICT keep) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
   const int64_t shift = kv & 63, group = kv - shift;
-  DropoutKeyColumns(rule, bh, q0, q_count, group, keep);
+  DropoutKeyColumns(rule, bh + rule.head_row_offset, q0, q_count, group, keep);
   if (shift == 0) return;
-  DropoutKeyColumns(rule, bh, q0, q_count, group + 64, keep + 64);
+  DropoutKeyColumns(rule, bh + rule.head_row_offset, q0, q_count, group + 64, keep + 64);
   for (int64_t j = 0; j < 64; ++j) keep[j] = keep[j + shift];  // keep[64..) is the next group
 #else
   DropoutTileRows(rule, bh, q0, q_count, kv, keep);
