@@ -88,7 +88,7 @@ def frame_values(frame):
     return [int(x) for x in values]
 
 
-def _check_out(out, name, shape_bhld, layout):
+def check_out(out, name, shape_bhld, layout):
     view, _ = core_view(writable_output(out, name), name, "")
     view = to_bhld(view, layout)
     if tuple(view.shape) != tuple(shape_bhld):
@@ -153,7 +153,7 @@ def attention(
         result, out_view = new_output(q, shape, layout)
     else:
         result = out
-        out_view, _ = core_view(_check_out(out, "out", shape, layout), "out", element)
+        out_view, _ = core_view(check_out(out, "out", shape, layout), "out", element)
     lse = lse_view = None
     if return_lse:
         lse = empty_like_framework(q, (batch, heads, q_len), "float32")

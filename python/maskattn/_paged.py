@@ -13,7 +13,7 @@ from __future__ import annotations
 import numbers
 
 from . import _core
-from ._api import check_mask_mods_scale, input_views, rank4_shape, _check_out
+from ._api import check_mask_mods_scale, input_views, rank4_shape, check_out
 from ._arrays import Error, core_view, empty_like_framework, element_tag, new_output, threads_arg
 
 __all__ = ["PagedKVCache", "attention_paged", "KV_FORMATS"]
@@ -102,7 +102,7 @@ def attention_paged(
         result, out_view = new_output(q, shape, layout)
     else:
         result = out
-        out_view, _ = core_view(_check_out(out, "out", shape, layout), "out", element)
+        out_view, _ = core_view(check_out(out, "out", shape, layout), "out", element)
     lse = lse_view = None
     if return_lse:
         lse = empty_like_framework(q, (batch, heads, q_len), "float32")
