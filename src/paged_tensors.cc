@@ -106,9 +106,10 @@ void check_table(int64_t batch, const PagedTensors& kv) {
   }
 }
 
-// E156: query counts, defaulting to Lq, each within the sequence.
-std::vector<int64_t> query_counts(const TensorView& q, const PagedTensors& kv,
-                                  const std::vector<int64_t>& query_lengths) {
+// E156: query counts, defaulting to Lq. A count above the sequence's length is allowed: its
+// first rows sit before position 0 and, under causal, see nothing (FlashAttention's rule for
+// seqlen_q > seqlen_k: zero rows).
+std::vector<int64_t> query_counts(const TensorView& q, const std::vector<int64_t>& query_lengths) {
   const int64_t batch = q.size(0), q_len = q.size(2);
   if (!query_lengths.empty() && static_cast<int64_t>(query_lengths.size()) != batch) {
     throw Error(std::string(kWho) + ": query_lengths has " +
@@ -117,13 +118,11 @@ std::vector<int64_t> query_counts(const TensorView& q, const PagedTensors& kv,
                 " (empty: Lq for every entry)");
   }
   std::vector<int64_t> counts(static_cast<size_t>(batch), q_len);
-  for (int64_t b = 0; b < batch && !query_lengths.empty(); ++b) counts[b] = query_lengths[b];
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t limit = std::min(q_len, kv.lengths[b]);
-    if (counts[b] < 0 || counts[b] > limit) {
+  for (int64_t b = 0; b < batch && !query_lengths.empty(); ++b) {
+    counts[b] = query_lengths[b];
+    if (counts[b] < 0 || counts[b] > q_len) {
       throw Error(std::string(kWho) + ": query_lengths[" + str(b) + "] = " + str(counts[b]) +
-                  " must be in [0, min(Lq, lengths[" + str(b) + "])] = [0, " + str(limit) +
-                  "]: the queries are the sequence's last positions, already in the pages");
+                  " must be in [0, Lq] = [0, " + str(q_len) + "] (q " + q.shape_string() + ")");
     }
   }
   return counts;
@@ -177,7 +176,7 @@ void attention_paged(const TensorView& q, const PagedTensors& kv, const MutableT
   detail::require_view(q, 4, "q", "[B,Hq,Lq,D]");
   check_pools(q, kv);
   check_table(q.size(0), kv);
-  const std::vector<int64_t> queries = query_counts(q, kv, query_lengths);
+  const std::vector<int64_t> queries = query_counts(q, query_lengths);
   const int64_t heads = kv.keys.size(2), dim = kv.keys.size(3), value_dim = kv.values.size(3);
   const int64_t k_len =
       kv.lengths.empty() ? 0 : *std::max_element(kv.lengths.begin(), kv.lengths.end());

@@ -273,6 +273,25 @@ TEST(PagedTensors, GarbageInThePoolStaysOut) {
   }
 }
 
+// More queries than a sequence holds: the first rows sit before position 0 and see nothing under
+// causal (FlashAttention's seqlen_q > seqlen_k), as attention() places them.
+TEST(PagedTensors, MoreQueriesThanPositionsGiveLeadingZeroRows) {
+  const CallerPool f(16, 1, 16, DType::f32, {5, 40}, 2);
+  const int64_t B = 2, Hq = 2, Lq = 12, D = 16, L = f.max_length;
+  const std::vector<float> q = random_values(B * Hq * Lq * D, 3);
+  std::vector<float> got(B * Hq * Lq * D), dense(got.size());
+  attention_paged(TensorView(q.data(), {B, Hq, Lq, D}), f.view(),
+                  MutableTensorView(got.data(), {B, Hq, Lq, D}));
+  attention(TensorView(q.data(), {B, Hq, Lq, D}), TensorView(f.k.data(), {B, 1, L, D}),
+            TensorView(f.v.data(), {B, 1, L, D}), MutableTensorView(dense.data(), {B, Hq, Lq, D}),
+            Mask().causal() & Mask().key_lengths(f.lengths) & Mask().query_lengths({Lq, Lq}));
+  EXPECT_EQ(std::memcmp(got.data(), dense.data(), got.size() * 4), 0) << max_error(got, dense);
+  for (int64_t i = 0; i < Lq - 5; ++i) {  // entry 0, head 0: 7 rows before position 0
+    for (int64_t d = 0; d < D; ++d) EXPECT_EQ(got[i * D + d], 0.0f) << i;
+  }
+  EXPECT_NE(got[(Lq - 5) * D], 0.0f);
+}
+
 // An empty batch, empty sequences (no block read: the table may be −1 throughout) and Lq = 0.
 TEST(PagedTensors, EmptySequencesGiveZeros) {
   const CallerPool f(16, 1, 8, DType::f32, {0, 20}, 9);

@@ -11,8 +11,10 @@
 // Semantics are attention_paged()'s (paged_kv_cache.h): batch entry b's queries
 // q[b, :, :query_lengths[b]] are the last query_lengths[b] of the lengths[b] positions of its
 // sequence (already written into the pages), aligned at that sequence's own end; rows past
-// query_lengths[b] are padding and output 0. With `causal` false every query sees all of its
-// sequence's positions (FlashAttention's causal=False).
+// query_lengths[b] are padding and output 0. More queries than positions put the first ones
+// before position 0, where causal hides every key (zero rows, as FlashAttention's
+// seqlen_q > seqlen_k). With `causal` false every query sees all of its sequence's positions
+// (FlashAttention's causal=False).
 #pragma once
 
 #include <cstdint>

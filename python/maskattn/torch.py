@@ -16,12 +16,14 @@ from __future__ import annotations
 from . import _torch_compile  # noqa: F401  (registers the maskattn::sdpa custom ops)
 from ._torch_autograd import ScoreMods, attention
 from ._torch_flex import BlockMask, create_block_mask, flex_attention
+from ._torch_kvcache import attention_with_kvcache
 from ._torch_sdpa import scaled_dot_product_attention
 
 __all__ = [
     "BlockMask",
     "ScoreMods",
     "attention",
+    "attention_with_kvcache",
     "create_block_mask",
     "flex_attention",
     "scaled_dot_product_attention",
