@@ -272,3 +272,105 @@ def test_attention_with_kvcache_bfloat16_pages():
     assert got.dtype == torch.bfloat16
     truth = dense_f64(q, rows, lengths)
     assert (got.double() - truth).abs().max() < 2 ** -7  # one bf16 rounding of values ≤ ~2
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors (docs/errors.md P90–P93)
+# ---------------------------------------------------------------------------------------------
+
+def kvcache_args():
+    k_cache, v_cache, table, _ = paged_problem([20, 5], blocks=8)
+    return torch.zeros(2, 1, 4, 16), k_cache, v_cache, table
+
+
+def test_P90_attention_with_kvcache_arguments():
+    q, k_cache, v_cache, table = kvcache_args()
+    call = mtorch.attention_with_kvcache
+    with pytest.raises(maskattn.Error, match=r"k_cache must be a torch tensor \[num_blocks, "
+                                             r"block_size, Hkv, D\], got ndarray"):
+        call(q, k_cache.numpy(), v_cache, cache_seqlens=[20, 5], block_table=table)
+    with pytest.raises(maskattn.Error, match=r"q has shape \[2, 4, 16\] on cpu; expected a CPU "
+                                             r"tensor \[B, Lq, Hq, D\]"):
+        call(q[:, 0], k_cache, v_cache, cache_seqlens=[20, 5], block_table=table)
+    with pytest.raises(maskattn.Error, match="q has dtype torch.float32 and k_cache "
+                                             "torch.bfloat16; they share one of"):
+        call(q, k_cache.bfloat16(), v_cache, cache_seqlens=[20, 5], block_table=table)
+    with pytest.raises(maskattn.Error, match="k and v are given together"):
+        call(q, k_cache, v_cache, k=torch.zeros(2, 1, 2, 16), cache_seqlens=[20, 5],
+             block_table=table)
+    with pytest.raises(maskattn.Error, match=r"k \[2, 1, 3, 16\] and v \[2, 1, 3, 16\] must be "
+                                             r"\[B, L_new, Hkv, D\|Dv\]"):
+        call(q, k_cache, v_cache, torch.zeros(2, 1, 3, 16), torch.zeros(2, 1, 3, 16),
+             cache_seqlens=[20, 5], block_table=table)
+    with pytest.raises(maskattn.Error, match="cache_seqlens is required with a block_table"):
+        call(q, k_cache, v_cache, block_table=table)
+    for bad in ([20], [20, -1], [2.5, 1.0]):
+        with pytest.raises(maskattn.Error, match="cache_seqlens must be an int or 2 ints >= 0"):
+            call(q, k_cache, v_cache, cache_seqlens=bad, block_table=table)
+    with pytest.raises(maskattn.Error, match=r"block_table must be an integer tensor \[B, "
+                                             r"max_blocks\] with B = 2, got torch.float32"):
+        call(q, k_cache, v_cache, cache_seqlens=[20, 5], block_table=table.float())
+    with pytest.raises(maskattn.Error, match="window_size must be two ints"):
+        call(q, k_cache, v_cache, cache_seqlens=[20, 5], block_table=table, window_size=4)
+    with pytest.raises(maskattn.Error, match="give softcap either as softcap= or in mods"):
+        call(q, k_cache, v_cache, cache_seqlens=[20, 5], block_table=table, softcap=2.0,
+             mods=maskattn.ScoreMods(softcap=3.0))
+    # The library's own checks arrive as maskattn.Error too (E155: a table entry outside).
+    table[0, 0] = 99
+    with pytest.raises(maskattn.Error, match=r"block_table\[0\]\[0\] = 99 is not a block"):
+        call(q, k_cache, v_cache, cache_seqlens=[20, 5], block_table=table)
+
+
+def test_P91_new_rows_that_do_not_fit():
+    q, k_cache, v_cache, table = kvcache_args()
+    k_new = v_new = torch.ones(2, 1, 2, 16)
+    before = k_cache.clone()
+    with pytest.raises(maskattn.Error, match=r"appending 1 rows after cache_seqlens \[20, 48\] "
+                                             r"needs 49 positions but the block_table holds 3 "
+                                             r"blocks of 16"):
+        mtorch.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=[20, 48],
+                                      block_table=table)
+    with pytest.raises(maskattn.Error, match=r"the block_table entries for the new rows "
+                                             r"\[\[\d+\], \[-1\]\] must be blocks of k_cache"):
+        mtorch.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=[20, 16],
+                                      block_table=table)
+    dense_k, dense_v = torch.zeros(2, 8, 2, 16), torch.zeros(2, 8, 2, 16)
+    with pytest.raises(maskattn.Error, match=r"appending 1 rows after cache_seqlens \[8, 3\] "
+                                             r"needs 9 positions but k_cache holds 8"):
+        mtorch.attention_with_kvcache(q, dense_k, dense_v, k_new, v_new, cache_seqlens=[8, 3])
+    assert torch.equal(k_cache, before) and not dense_k.any()
+
+
+def test_P92_continuous_batching_needs_a_maskattn_model():
+    model = tiny("LlamaConfig", "sdpa", **LLAMA)
+    with pytest.raises(maskattn.Error, match="the model's attn_implementation is 'sdpa', not a "
+                                             "name maskattn.transformers.register\\(\\) "
+                                             "registered"):
+        mt.generate_batch(model, prompts(4), GREEDY)
+    with pytest.raises(maskattn.Error, match="Module has no init_continuous_batching"):
+        mt.init_continuous_batching(torch.nn.Module())
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_P93_continuous_batching_calls_the_backend_cannot_serve():
+    model = tiny("LlamaConfig", "maskattn", **LLAMA)
+    module = model.model.layers[0].self_attn
+    q, k = torch.zeros(1, 4, 5, 8), torch.zeros(1, 2, 5, 8)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    forward = mt.attention_forward
+    with pytest.raises(maskattn.Error, match=r"cu_seq_lens_k is a dict by layer type "
+                                             r"\['full_attention'\]"):
+        forward(module, q, k, k, None, scaling=1.0, cu_seq_lens_q=cu,
+                cu_seq_lens_k={"full_attention": cu})
+    with pytest.raises(maskattn.Error, match=r"request 1 has 3 queries but 1 keys"):
+        forward(module, q, k, k, None, scaling=1.0, cu_seq_lens_q=cu,
+                cu_seq_lens_k=torch.tensor([0, 2, 3], dtype=torch.int32))
+    with pytest.raises(maskattn.Error, match=r"cu_seq_lens_q \[0, 2, 9\] and cu_seq_lens_k "
+                                             r"\[0, 2, 5\] do not describe query"):
+        forward(module, q, k, k, None, scaling=1.0, cu_seq_lens_k=cu,
+                cu_seq_lens_q=torch.tensor([0, 2, 9], dtype=torch.int32))
+    pages = torch.zeros(4, 16, 2, 8)
+    with pytest.raises(maskattn.Error, match=r"a block-table call needs one query per request, "
+                                             r"got query \[1, 4, 5, 8\] for block_table \[2, 3\]"):
+        forward(module, q, k, k, None, scaling=1.0, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                block_table=torch.zeros(2, 3, dtype=torch.int32), k_cache=pages, v_cache=pages)
