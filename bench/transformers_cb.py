@@ -16,8 +16,11 @@ implementation and round, the implementations alternating inside each round:
   maskattn-gather  maskattn with decode_fast_path=False: every step gathered as transformers
                  does, attention per request.
 
-Prints per implementation the median wall time of generate_batch over the rounds, tokens/s and
-the speedup over sdpa, and whether every implementation produced sdpa's tokens. Threads: torch
+Prints per implementation the median wall time of generate_batch over the rounds, tokens/s, the
+speedup over sdpa, the median time spent inside the attention functions (transformers' own
+sdpa / paged|eager entries and maskattn's, wrapped with a timer; what happens around them, the
+mask building and the cache gathering, is in the wall time only), and whether every
+implementation produced sdpa's tokens. Threads: torch
 and maskattn both use --threads (default 2, all this machine's cores). Run with the OpenBLAS
 variables unset as the other benches do, e.g.
 
@@ -35,6 +38,26 @@ from transformers import ContinuousBatchingConfig, GenerationConfig
 import maskattn.transformers as mt
 
 IMPLEMENTATIONS = ("sdpa", "eager", "maskattn", "maskattn-gather")
+
+
+ATTENTION_SECONDS = [0.0]
+
+
+def time_attention_functions():
+    """Wraps the three attention entries with a timer (this benchmark's process only)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+    for name in ("sdpa", "paged|eager", "maskattn"):
+        function = ALL_ATTENTION_FUNCTIONS[name]
+
+        def timed(*args, _function=function, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _function(*args, **kwargs)
+            finally:
+                ATTENTION_SECONDS[0] += time.perf_counter() - start
+
+        AttentionInterface.register(name, timed)
 
 
 def model_of(args):
@@ -64,8 +87,9 @@ def cb_config(args, prompts):
 
 
 def run(model, name, prompts, generation, args):
-    """(seconds, tokens per request) of one generate_batch."""
+    """(seconds, attention seconds, tokens per request) of one generate_batch."""
     config = cb_config(args, prompts)
+    ATTENTION_SECONDS[0] = 0.0
     start = time.perf_counter()
     if name in ("sdpa", "eager"):
         model.set_attn_implementation("sdpa" if name == "sdpa" else "paged|eager")
@@ -76,7 +100,7 @@ def run(model, name, prompts, generation, args):
         results = mt.generate_batch(model, prompts, generation, config,
                                     decode_fast_path=name == "maskattn")
     seconds = time.perf_counter() - start
-    return seconds, [r.generated_tokens for r in results.values()]
+    return seconds, ATTENTION_SECONDS[0], [r.generated_tokens for r in results.values()]
 
 
 def main():
@@ -96,17 +120,20 @@ def main():
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     mt.register()
+    time_attention_functions()
     model = model_of(args)
     prompts = prompts_of(args)
     generation = GenerationConfig(max_new_tokens=args.new, do_sample=False, eos_token_id=-1,
                                   pad_token_id=0)
     run(model, "sdpa", prompts[:2], generation, args)  # warm-up: allocator, first-call paths
     times = {name: [] for name in args.only}
+    attention = {name: [] for name in args.only}
     outputs = {}
     for _ in range(args.rounds):
         for name in args.only:
-            seconds, tokens = run(model, name, prompts, generation, args)
+            seconds, inside, tokens = run(model, name, prompts, generation, args)
             times[name].append(seconds)
+            attention[name].append(inside)
             outputs[name] = tokens
     generated = args.prompts * args.new
     base = statistics.median(times["sdpa"]) if "sdpa" in times else None
@@ -121,6 +148,7 @@ def main():
         speed = f"{base / median:.2f}x sdpa" if base else ""
         print(f"{name:16s} median {median:7.3f} s  (min {min(times[name]):.3f}, max "
               f"{max(times[name]):.3f})  {generated / median:7.1f} tok/s  {speed:>10s}  "
+              f"attention {statistics.median(attention[name]):6.3f} s  "
               f"tokens {'= sdpa' if same else 'DIFFER from sdpa'}")
 
 

@@ -129,16 +129,14 @@ def continuous_batching_forward(query, key, value, scaling, sliding_window, mods
 
 def _maskattn_name(model):
     """The model's attention implementation, checked to be a name register() gave maskattn."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: PLC0415
-
-    from .transformers import attention_forward  # noqa: PLC0415 - circular at import time
+    from .transformers import REGISTERED_NAMES  # noqa: PLC0415 - circular at import time
 
     name = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if not hasattr(model, "init_continuous_batching") or _CBConfig is None:
         raise Error(
             f"init_continuous_batching: {type(model).__name__} has no init_continuous_batching; "
             f"a transformers model (5.x, tested with 5.24) with continuous batching is needed")
-    if not isinstance(name, str) or ALL_ATTENTION_FUNCTIONS.get(name) is not attention_forward:
+    if name not in REGISTERED_NAMES:
         raise Error(
             f"init_continuous_batching: the model's attn_implementation is {name!r}, not a name "
             f"maskattn.transformers.register() registered; load the model with "

@@ -67,6 +67,8 @@ __all__ = ["register", "attention_forward", "prepare_mask", "PreparedMask", "NAM
            "init_continuous_batching", "generate_batch"]
 
 NAME = "maskattn"
+# The names register() gave maskattn (init_continuous_batching accepts models using one of them).
+REGISTERED_NAMES: set = set()
 _INF = math.inf
 # transformers' own implementations: registering under one of these names would replace it.
 _BUILT_IN = ("eager", "sdpa", "flex_attention", "paged|eager", "flash_attention_2",
@@ -492,6 +494,7 @@ def register(name: str = NAME) -> str:
             f"taking q_length and q_offset, as in transformers 5.24)")
     interfaces[0].register(name, attention_forward)
     interfaces[1].register(name, prepare_mask)
+    REGISTERED_NAMES.add(name)
     return name
 
 
