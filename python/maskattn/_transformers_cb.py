@@ -49,7 +49,12 @@ try:
 except ImportError:  # pragma: no cover - hints only size the defaults
     _Hints = None
 
-__all__ = ["init_continuous_batching", "generate_batch", "continuous_batching_forward"]
+__all__ = ["init_continuous_batching", "generate_batch", "continuous_batching_forward",
+           "REGISTERED_NAMES"]
+
+# The names maskattn.transformers.register() gave maskattn: init_continuous_batching accepts a
+# model using one of them (the function behind the name may be wrapped, e.g. timed).
+REGISTERED_NAMES: set = set()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,8 +134,6 @@ def continuous_batching_forward(query, key, value, scaling, sliding_window, mods
 
 def _maskattn_name(model):
     """The model's attention implementation, checked to be a name register() gave maskattn."""
-    from .transformers import REGISTERED_NAMES  # noqa: PLC0415 - circular at import time
-
     name = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if not hasattr(model, "init_continuous_batching") or _CBConfig is None:
         raise Error(

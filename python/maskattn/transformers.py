@@ -36,6 +36,9 @@ the dynamic caches, where ``q_offset − kv_offset = Lk − Lq``; top-left other
 cache). Padding keeps positions as indices (``key_keep``), exactly as transformers does, and
 padded *queries* are not hidden (transformers does not hide them either), so every allowed pair
 is the same as sdpa's. docs/python.md ("Hugging Face") has the full table.
+
+Continuous batching: :func:`generate_batch` and :func:`init_continuous_batching` stand in for
+the model's own (which refuse registered implementations); see _transformers_cb.py.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ import torch
 
 from ._core import Error, Mask
 from ._dropout import checked_dropout, torch_seed
+# Continuous batching (generate_batch, init_continuous_batching) lives in _transformers_cb.py.
+from ._transformers_cb import REGISTERED_NAMES, generate_batch, init_continuous_batching
 from ._torch_autograd import COMPUTE_DTYPES
 
 try:
@@ -67,8 +72,6 @@ __all__ = ["register", "attention_forward", "prepare_mask", "PreparedMask", "NAM
            "init_continuous_batching", "generate_batch"]
 
 NAME = "maskattn"
-# The names register() gave maskattn (init_continuous_batching accepts models using one of them).
-REGISTERED_NAMES: set = set()
 _INF = math.inf
 # transformers' own implementations: registering under one of these names would replace it.
 _BUILT_IN = ("eager", "sdpa", "flex_attention", "paged|eager", "flash_attention_2",
@@ -494,9 +497,5 @@ def register(name: str = NAME) -> str:
             f"taking q_length and q_offset, as in transformers 5.24)")
     interfaces[0].register(name, attention_forward)
     interfaces[1].register(name, prepare_mask)
-    REGISTERED_NAMES.add(name)
+    REGISTERED_NAMES.add(name)  # init_continuous_batching accepts models using these names
     return name
-
-
-# Continuous batching (generate_batch, init_continuous_batching): _transformers_cb.py.
-from ._transformers_cb import generate_batch, init_continuous_batching  # noqa: E402
