@@ -46,6 +46,7 @@ OWNERS = {
     "src/attention.cc": "api",
     "src/attention_backward.cc": "api",
     "src/paged_attention.cc": "api",
+    "src/paged_tensors.cc": "api",
     "src/gradcheck.cc": "api",
     "src/validate.cc": "api",
     "src/validate.h": "api",

@@ -19,6 +19,7 @@
 #include "maskattn/multihead.h"
 #include "maskattn/npy.h"
 #include "maskattn/paged_kv_cache.h"
+#include "maskattn/paged_tensors.h"
 #include "maskattn/program.h"
 #include "maskattn/score_mods.h"
 #include "maskattn/shape.h"

@@ -16,6 +16,7 @@ from __future__ import annotations
 from . import _torch_compile  # noqa: F401  (registers the maskattn::sdpa custom ops)
 from ._torch_autograd import ScoreMods, attention
 from ._torch_flex import BlockMask, create_block_mask, flex_attention
+from ._torch_kvcache import attention_with_kvcache
 from ._torch_sdpa import scaled_dot_product_attention
 from ._torch_varlen import attention_varlen, flash_attn_varlen_func
 
@@ -24,6 +25,7 @@ __all__ = [
     "ScoreMods",
     "attention",
     "attention_varlen",
+    "attention_with_kvcache",
     "create_block_mask",
     "flash_attn_varlen_func",
     "flex_attention",

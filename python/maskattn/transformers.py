@@ -36,6 +36,9 @@ the dynamic caches, where ``q_offset − kv_offset = Lk − Lq``; top-left other
 cache). Padding keeps positions as indices (``key_keep``), exactly as transformers does, and
 padded *queries* are not hidden (transformers does not hide them either), so every allowed pair
 is the same as sdpa's. docs/python.md ("Hugging Face") has the full table.
+
+Continuous batching: :func:`generate_batch` and :func:`init_continuous_batching` stand in for
+the model's own (which refuse registered implementations); see _transformers_cb.py.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ import torch
 
 from ._core import Error, Mask
 from ._dropout import checked_dropout, torch_seed
+# Continuous batching (generate_batch, init_continuous_batching) lives in _transformers_cb.py.
+from ._transformers_cb import REGISTERED_NAMES, generate_batch, init_continuous_batching
 from ._torch_autograd import COMPUTE_DTYPES
 from ._transformers_packed import packed_call
 from ._transformers_parts import Chunk, KeyKeep, Remapped, Segments, Spans, Window
@@ -64,7 +69,8 @@ try:
 except ImportError:  # an older transformers: register() says what is missing
     _hf_masks = None
 
-__all__ = ["register", "attention_forward", "prepare_mask", "PreparedMask", "NAME"]
+__all__ = ["register", "attention_forward", "prepare_mask", "PreparedMask", "NAME",
+           "init_continuous_batching", "generate_batch"]
 
 NAME = "maskattn"
 _INF = math.inf
@@ -406,13 +412,23 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
 
     query [B, Hq, Lq, D], key/value [B, Hkv, Lk, D] (GQA when Hq > Hkv, without repeating
     heads); returns (output [B, Lq, Hq, Dv], weights or None). ``sliding_window`` is already
-    part of the prepared mask: transformers builds the window into the mask of sliding layers.
+    part of the prepared mask (transformers builds the window into the mask of sliding layers),
+    except under continuous batching, which sends no mask: ``cu_seq_lens_q/k`` then describe
+    packed requests and this answers as :func:`continuous_batching_forward` does.
     ``dropout`` is the attention dropout rate (transformers passes the config's rate in training
     mode and 0.0 in eval mode); its seed is drawn from PyTorch's default generator, so
     ``torch.manual_seed`` reproduces a training run.
     """
-    del sliding_window
     _check_tensors(query, key, value)
+    if attention_mask is None and kwargs.get("cu_seq_lens_q") is not None and \
+            kwargs.get("cu_seq_lens_k") is not None:
+        # Continuous batching (packed requests; the paged cache's block tables on decode steps):
+        # no mask reaches us, the windows come as sliding_window (_transformers_cb.py).
+        from ._transformers_cb import continuous_batching_forward  # noqa: PLC0415
+
+        mods = _score_mods(softcap, None, kwargs)
+        return continuous_batching_forward(query, key, value, scaling, sliding_window,
+                                           None if mods is None else mods.core(), kwargs), None
     from . import torch as maskattn_torch  # noqa: PLC0415 - maskattn.torch needs torch
 
     mask, bias = _mask_for(attention_mask, query, key, is_causal, module)
@@ -469,4 +485,5 @@ def register(name: str = NAME) -> str:
             f"taking q_length and q_offset, as in transformers 5.24)")
     interfaces[0].register(name, attention_forward)
     interfaces[1].register(name, prepare_mask)
+    REGISTERED_NAMES.add(name)  # init_continuous_batching accepts models using these names
     return name

@@ -23,5 +23,7 @@ void bind_tools(nb::module_& m);                 // audit, health, heatmaps, tok
 void bind_gpt(nb::module_& m);                   // the GPT model's loss and gradients (bind_gpt.cc)
 void bind_dist(nb::module_& m);   // local_ranges, ring attention over MPI (bind_dist.cc)
 void bind_paged(nb::module_& m);  // PagedKVCache, attention_paged (bind_paged.cc)
+// attention over caller-owned pages (bind_paged_tensors.cc)
+void bind_paged_tensors(nb::module_& m);
 
 }  // namespace maskattn::python

@@ -21,4 +21,5 @@ NB_MODULE(_core, m) {
   maskattn::python::bind_gpt(m);
   maskattn::python::bind_dist(m);
   maskattn::python::bind_paged(m);
+  maskattn::python::bind_paged_tensors(m);
 }

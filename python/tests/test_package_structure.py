@@ -37,8 +37,8 @@ def _importable(module: str) -> bool:
     needed = []
     if module == "torch" or module.startswith("_torch") or module == "transformers":
         needed.append("torch")
-    if module == "transformers":
-        needed.append("transformers")
+    if module == "transformers" or module.startswith("_transformers"):
+        needed += ["torch", "transformers"]
     return all(importlib.util.find_spec(name) is not None for name in needed)
 
 

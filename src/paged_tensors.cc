@@ -1,0 +1,217 @@
+// attention_paged() over caller-owned pages (maskattn/paged_tensors.h): the pool tensors of
+// FlashAttention's paged cache or transformers' continuous batching, read in place.
+//
+// Design. The kernels already read K and V through a block table (kernels/kv_pages.h) for
+// maskattn's own PagedKVCache; what differs here is only who owns the pool and in which order its
+// axes lie. A KVPages is a pool base plus the byte strides of the block, head and position axes,
+// so the caller's views translate directly: [num_blocks, block_size, Hkv, D] gives block stride
+// size(1)·size(2)·D elements, position stride Hkv·D, head stride D (for contiguous pools), and
+// any other strides work alike. Nothing is copied; the call costs the checks (one pass over the
+// block-table entries the lengths use) and the kernel.
+//
+// As in paged_attention.cc the Problem gets shape-only k and v views whose rows are all one zero
+// row (code unaware of pages reads zeros, never the pool), and the placed mask puts each
+// sequence's queries at its own end: causal & key_lengths & query_lengths & the caller's mask.
+// The reference kernel (the oracle) gets the rows gathered into dense f32 tensors instead, read
+// only below each sequence's length, so that whatever the pool holds past it (the caller's
+// padding, a freed block's old rows, NaN) never reaches the oracle either.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/block_skipping.h"
+#include "kernels/fused.h"
+#include "kernels/kv_pages.h"
+#include "kernels/problem.h"
+#include "kernels/reference.h"
+#include "maskattn/error.h"
+#include "maskattn/kv_format.h"
+#include "maskattn/paged_tensors.h"
+#include "validate.h"
+
+namespace maskattn {
+
+namespace {
+
+using detail::KVPages;
+using detail::Problem;
+
+std::string str(int64_t value) {
+  return std::to_string(value);
+}
+
+constexpr const char* kWho = "attention_paged(PagedTensors)";
+
+// E154: the two pool views agree with each other and with q, rows are contiguous, blocks hold a
+// multiple of 16 positions.
+void check_pools(const TensorView& q, const PagedTensors& kv) {
+  detail::require_view(kv.keys, 4, "keys", "[num_blocks,block_size,Hkv,D]");
+  detail::require_view(kv.values, 4, "values", "[num_blocks,block_size,Hkv,Dv]");
+  const TensorView &k = kv.keys, &v = kv.values;
+  const std::string shapes = " (keys " + k.shape_string() + ", values " + v.shape_string() + ")";
+  if (k.dtype() != v.dtype()) {
+    throw Error(std::string(kWho) + ": values have dtype " + dtype_name(v.dtype()) + " but keys " +
+                dtype_name(k.dtype()) + "; the two pools share one element type");
+  }
+  if (k.size(0) != v.size(0) || k.size(1) != v.size(1) || k.size(2) != v.size(2)) {
+    throw Error(std::string(kWho) + ": keys and values differ in [num_blocks,block_size,Hkv]" +
+                shapes);
+  }
+  if (k.size(1) < 16 || k.size(1) % 16 != 0) {
+    throw Error(std::string(kWho) + ": block_size " + str(k.size(1)) +
+                " must be a positive multiple of 16 (a 64-key tile is read as at most four "
+                "blocks)" +
+                shapes);
+  }
+  if ((k.size(3) > 1 && k.stride(3) != 1) || (v.size(3) > 1 && v.stride(3) != 1)) {
+    throw Error(std::string(kWho) + ": the last axis must have stride 1 (one row of D keys or " +
+                "Dv values contiguous); keys strides " + shape_string(k.strides()) +
+                ", values strides " + shape_string(v.strides()));
+  }
+  if (q.size(3) != k.size(3) || k.size(2) == 0 || q.size(1) % k.size(2) != 0) {
+    throw Error(std::string(kWho) + ": q " + q.shape_string() + " does not fit pools of " +
+                str(k.size(2)) + " kv heads of dim " + str(k.size(3)) +
+                " (Hq a multiple of Hkv, D the same)");
+  }
+}
+
+// E155: one length per sequence, each held by the table's row, every entry read a pool block.
+void check_table(int64_t batch, const PagedTensors& kv) {
+  const int64_t blocks = kv.keys.size(0), block_size = kv.keys.size(1);
+  if (static_cast<int64_t>(kv.lengths.size()) != batch) {
+    throw Error(std::string(kWho) + ": lengths has " +
+                str(static_cast<int64_t>(kv.lengths.size())) + " values but q has a batch of " +
+                str(batch));
+  }
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t length = kv.lengths[b];
+    if (length < 0 || length > kv.table_columns * block_size) {
+      throw Error(std::string(kWho) + ": lengths[" + str(b) + "] = " + str(length) +
+                  " must be in [0, table_columns·block_size] = [0, " +
+                  str(kv.table_columns * block_size) + "]");
+    }
+    if (length > 0 && kv.block_table == nullptr) {
+      throw Error(std::string(kWho) + ": block_table is null but lengths[" + str(b) +
+                  "] = " + str(length));
+    }
+    const int64_t used = (length + block_size - 1) / block_size;
+    for (int64_t j = 0; j < used; ++j) {
+      const int32_t block = kv.block_table[b * kv.table_columns + j];
+      if (block < 0 || block >= blocks) {
+        throw Error(std::string(kWho) + ": block_table[" + str(b) + "][" + str(j) +
+                    "] = " + str(block) + " is not a block of the pools [0, " + str(blocks) +
+                    ") but holds positions of a sequence of length " + str(length));
+      }
+    }
+  }
+}
+
+// E156: query counts, defaulting to Lq. A count above the sequence's length is allowed: its
+// first rows sit before position 0 and, under causal, see nothing (FlashAttention's rule for
+// seqlen_q > seqlen_k: zero rows).
+std::vector<int64_t> query_counts(const TensorView& q, const std::vector<int64_t>& query_lengths) {
+  const int64_t batch = q.size(0), q_len = q.size(2);
+  if (!query_lengths.empty() && static_cast<int64_t>(query_lengths.size()) != batch) {
+    throw Error(std::string(kWho) + ": query_lengths has " +
+                str(static_cast<int64_t>(query_lengths.size())) + " values but q " +
+                q.shape_string() + " has a batch of " + str(batch) +
+                " (empty: Lq for every entry)");
+  }
+  std::vector<int64_t> counts(static_cast<size_t>(batch), q_len);
+  for (int64_t b = 0; b < batch && !query_lengths.empty(); ++b) {
+    counts[b] = query_lengths[b];
+    if (counts[b] < 0 || counts[b] > q_len) {
+      throw Error(std::string(kWho) + ": query_lengths[" + str(b) + "] = " + str(counts[b]) +
+                  " must be in [0, Lq] = [0, " + str(q_len) + "] (q " + q.shape_string() + ")");
+    }
+  }
+  return counts;
+}
+
+// The caller's strides as the kernels' byte strides (kv_pages.h).
+KVPages pages_of(const PagedTensors& kv, const float* zero_row) {
+  const auto element = static_cast<int64_t>(dtype_size(kv.keys.dtype()));
+  const TensorView &k = kv.keys, &v = kv.values;
+  KVPages pages;
+  pages.format = kv_format_of(k.dtype());
+  pages.key_pool = static_cast<const uint8_t*>(k.data());
+  pages.value_pool = static_cast<const uint8_t*>(v.data());
+  pages.key_row_bytes = k.size(3) * element;
+  pages.value_row_bytes = v.size(3) * element;
+  pages.key_block_bytes = k.stride(0) * element;
+  pages.key_position_bytes = k.stride(1) * element;
+  pages.key_head_bytes = k.stride(2) * element;
+  pages.value_block_bytes = v.stride(0) * element;
+  pages.value_position_bytes = v.stride(1) * element;
+  pages.value_head_bytes = v.stride(2) * element;
+  pages.block_size = k.size(1);
+  pages.table = kv.block_table;
+  pages.table_stride = kv.table_columns;
+  pages.lengths = kv.lengths.data();
+  pages.zero_row = reinterpret_cast<const uint8_t*>(zero_row);
+  return pages;
+}
+
+// The reference kernel's K or V: [B, Hkv, Lk, W] f32, each sequence's rows below its length
+// decoded, zeros elsewhere.
+std::vector<float> gathered(const KVPages& pages, int64_t batch, int64_t heads, int64_t k_len,
+                            int64_t width, bool keys) {
+  std::vector<float> out(static_cast<size_t>(batch * heads * k_len * width), 0.0f);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t g = 0; g < heads; ++g) {
+      for (int64_t j = 0; j < pages.lengths[b]; ++j) {
+        kv_decode_row(pages.format, keys, pages.row(keys, b, g, j), width,
+                      out.data() + ((b * heads + g) * k_len + j) * width);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void attention_paged(const TensorView& q, const PagedTensors& kv, const MutableTensorView& out,
+                     const std::vector<int64_t>& query_lengths, const Mask& mask,
+                     const ScoreMods& mods, const Options& options, const MutableTensorView& lse) {
+  detail::require_view(q, 4, "q", "[B,Hq,Lq,D]");
+  check_pools(q, kv);
+  check_table(q.size(0), kv);
+  const std::vector<int64_t> queries = query_counts(q, query_lengths);
+  const int64_t heads = kv.keys.size(2), dim = kv.keys.size(3), value_dim = kv.values.size(3);
+  const int64_t k_len =
+      kv.lengths.empty() ? 0 : *std::max_element(kv.lengths.begin(), kv.lengths.end());
+  // K and V as the kernels' shape-only views: every row one zero row (kv_pages.h).
+  const std::vector<float> zeros(static_cast<size_t>(std::max<int64_t>(dim, value_dim)), 0.0f);
+  const Dims zero_strides = {0, 0, 0, 1};
+  const TensorView k(zeros.data(), q.dtype(), {q.size(0), heads, k_len, dim}, zero_strides);
+  const TensorView v(zeros.data(), q.dtype(), {q.size(0), heads, k_len, value_dim}, zero_strides);
+  Problem p = detail::make_problem(q, k, &v, options);
+  detail::require_result(out, {p.batch, p.q_heads, p.q_len, p.value_dim}, q.dtype(), "out",
+                         "q " + q.shape_string() + " and values " + kv.values.shape_string());
+  detail::require_disjoint(out, "out", q, "q");
+  detail::require_disjoint(out, "out", kv.keys, "keys");
+  detail::require_disjoint(out, "out", kv.values, "values");
+  if (!lse.is_null()) {
+    detail::require_output(lse, {p.batch, p.q_heads, p.q_len}, DType::f32, "lse",
+                           "q " + q.shape_string());
+  }
+  const KVPages pages = pages_of(kv, zeros.data());
+  p.pages = &pages;
+  Mask placed = Mask().key_lengths(kv.lengths) & Mask().query_lengths(queries) & mask;
+  if (kv.causal) placed = Mask().causal() & placed;
+  detail::resolve_and_run(p, placed, mods, options, [&](const Problem& checked) {
+    if (options.kernel != Kernel::reference) {
+      detail::fused::forward(checked, out, lse, detail::block_skipping());
+      return;
+    }
+    const std::vector<float> keys = gathered(pages, p.batch, heads, k_len, dim, true);
+    const std::vector<float> values = gathered(pages, p.batch, heads, k_len, value_dim, false);
+    Problem dense = checked;
+    dense.pages = nullptr;
+    dense.k = TensorView(keys.data(), {p.batch, heads, k_len, dim});
+    dense.v = TensorView(values.data(), {p.batch, heads, k_len, value_dim});
+    detail::reference::forward(dense, out, lse);
+  });
+}
+
+}  // namespace maskattn
