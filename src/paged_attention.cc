@@ -3,7 +3,6 @@
 // that places each sequence's queries at its own end is built here (docs/semantics.md §18).
 #include <algorithm>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include "core/block_skipping.h"
@@ -77,28 +76,6 @@ PagedBatch batch_of(const TensorView& q, const PagedKVCache& cache,
   return out;
 }
 
-// A draft tree (Mask::tree) sits in the call's last rows (docs/semantics.md §3), not at each
-// sequence's own end: it fits a paged batch only when every sequence ends at the call's last key
-// and query.
-void require_tree_fits(const Mask& mask, const PagedBatch& batch, int64_t q_len) {
-  bool tree = false;
-  for (const Component& component : mask.components()) {
-    tree |= std::holds_alternative<component::Tree>(component);
-  }
-  if (!tree) return;
-  const int64_t longest = *std::max_element(batch.lengths.begin(), batch.lengths.end());
-  for (size_t b = 0; b < batch.lengths.size(); ++b) {
-    if (batch.lengths[b] != longest || batch.query_lengths[b] != q_len) {
-      throw Error(
-          "attention_paged: a tree mask places its draft in the call's last rows, so every "
-          "sequence must have the same length and Lq queries; sequence " +
-          str(static_cast<int64_t>(b)) + " has length " + str(batch.lengths[b]) + " and " +
-          str(batch.query_lengths[b]) + " queries, the longest " + str(longest) +
-          " and Lq = " + str(q_len) + ": verify drafts of different lengths in separate calls");
-    }
-  }
-}
-
 // The reference kernel's K and V: every sequence decoded, [B, Hkv, Lk, W] f32, zeros past its end.
 std::vector<float> decoded_batch(const PagedKVCache& cache, const std::vector<int64_t>& sequences,
                                  int64_t k_len, bool keys) {
@@ -124,7 +101,7 @@ void attention_paged(const TensorView& q, const PagedKVCache& cache,
                      const ScoreMods& mods, const Options& options, const MutableTensorView& lse) {
   detail::require_view(q, 4, "q", "[B,Hq,Lq,D]");
   const PagedBatch batch = batch_of(q, cache, sequences, query_lengths);
-  require_tree_fits(mask, batch, q.size(2));
+  detail::require_tree_fits(mask, batch.lengths, batch.query_lengths, q.size(2), "attention_paged");
   const int64_t k_len = *std::max_element(batch.lengths.begin(), batch.lengths.end());
   // K and V as the kernels' shape-only views: every row one zero row (kv_pages.h).
   const int64_t widest = std::max(cache.head_dim(), cache.value_dim());

@@ -177,6 +177,7 @@ void attention_paged(const TensorView& q, const PagedTensors& kv, const MutableT
   check_pools(q, kv);
   check_table(q.size(0), kv);
   const std::vector<int64_t> queries = query_counts(q, query_lengths);
+  detail::require_tree_fits(mask, kv.lengths, queries, q.size(2), kWho);
   const int64_t heads = kv.keys.size(2), dim = kv.keys.size(3), value_dim = kv.values.size(3);
   const int64_t k_len =
       kv.lengths.empty() ? 0 : *std::max_element(kv.lengths.begin(), kv.lengths.end());

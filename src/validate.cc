@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "core/element.h"
@@ -230,6 +231,27 @@ void check_finite_inputs(const Problem& p, const Mask& mask, const ScoreMods& mo
   for (size_t n = 0; n < mask.components().size(); ++n) {
     if (const auto* additive = std::get_if<component::DenseAdditive>(&mask.components()[n])) {
       require_finite_or_minus_inf(additive->values, mask.labels()[n]);
+    }
+  }
+}
+
+void require_tree_fits(const Mask& mask, const std::vector<int64_t>& lengths,
+                       const std::vector<int64_t>& query_lengths, int64_t q_len, const char* who) {
+  bool tree = false;
+  for (const Component& component : mask.components()) {
+    tree |= std::holds_alternative<component::Tree>(component);
+  }
+  if (!tree || lengths.empty()) return;
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    if (lengths[b] != longest || query_lengths[b] != q_len) {
+      throw Error(std::string(who) +
+                  ": a tree mask places its draft in the call's last rows, so every sequence "
+                  "must have the same length and Lq queries; sequence " +
+                  std::to_string(b) + " has length " + std::to_string(lengths[b]) + " and " +
+                  std::to_string(query_lengths[b]) + " queries, the longest " +
+                  std::to_string(longest) + " and Lq = " + std::to_string(q_len) +
+                  ": verify drafts of different lengths in separate calls");
     }
   }
 }

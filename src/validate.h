@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "kernels/problem.h"
 #include "maskattn/attention.h"
@@ -33,6 +34,12 @@ MaskShape mask_shape_of(const Problem& p);
 void require_finite(const TensorView& t, const std::string& name);
 // check_finite over q, k, v, the bias and additive masks.
 void check_finite_inputs(const Problem& p, const Mask& mask, const ScoreMods& mods);
+
+// A draft tree (Mask::tree) sits in the call's last rows (docs/semantics.md §3), not at each
+// sequence's own end: in a paged call it fits only when every sequence has the call's longest
+// length and Lq queries. Throws E148 (`who` names the call) otherwise.
+void require_tree_fits(const Mask& mask, const std::vector<int64_t>& lengths,
+                       const std::vector<int64_t>& query_lengths, int64_t q_len, const char* who);
 
 // Resolves the mask and modifiers against the problem size, checks finiteness when asked, then
 // runs the kernel. Nothing is written before every check has passed.

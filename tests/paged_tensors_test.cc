@@ -149,6 +149,8 @@ TEST(PagedTensors, BitwiseEqualToPagedKVCacheAndDenseForEverySweepMask) {
             name.find("pad") != std::string::npos) {
           continue;
         }
+        // A draft tree needs sequences of one length (paged_kv_cache_test's DraftTrees…).
+        if (name.find("tree") != std::string::npos) continue;
         expect_three_paths_agree(f, 4, Lq, mask, name);
         ++tested;
       }
