@@ -10,14 +10,16 @@
 //
 // Why a token's result does not depend on the batch it ran in. The projections are one running
 // sum per output in a fixed order (docs/semantics.md §13), LayerNorm and GELU are per row, so only
-// the attention kernel could differ: the row kernel computes calls of ≤ 8 queries per sequence and
-// the tile kernel longer ones, and the two round differently (§9). The forward therefore makes two
-// attention calls per layer, one for the entries of ≤ 8 tokens and one for the longer ones, so that
-// each token's kernel is chosen by its own entry's length, never by its neighbours'. Within one
-// kernel, padding rows and other sequences change no bit (tested). So a sequence fed in the same
-// pieces gets the same bits alone or in any batch — the serving loop cuts prompts at fixed
-// multiples of its prefill chunk for that reason. (Beyond 8,192 cached positions the row kernel
-// splits keys into chunks depending on the batch size, and the last bits may then differ.)
+// attention could differ. The row kernel computes calls of ≤ 8 queries and the tile kernel longer
+// ones, and the two round differently (§9), so each entry's kernel must follow from its own
+// length: entries of ≤ 8 tokens (decoding steps, short prompt ends) run one attention call each
+// — the row kernel also groups a sequence's last keys by fours according to the call's longest
+// sequence, so sharing a call with a longer sequence would change those keys' score bits — in
+// parallel over the entries; longer entries run one tile-kernel call together, where padding
+// rows and longer neighbours change no bit (tested). So a sequence fed in the same pieces gets the
+// same bits alone or in any batch; the serving loop cuts prompts at fixed multiples of its
+// prefill chunk for that reason. (A short entry's call is the very call it makes alone, key
+// splitting of long caches included.)
 #pragma once
 
 #include <cstdint>
