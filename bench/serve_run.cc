@@ -64,6 +64,38 @@ uint64_t hash_tokens(const std::vector<int32_t>& tokens) {
   return h;
 }
 
+struct Outcome {
+  std::vector<uint64_t> hashes;
+  int64_t steps = 0, peak_blocks = 0;
+};
+
+// Every request through one Server (served), or each through a Server of its own (alone).
+Outcome run_mode(const Settings& s, model::PagedGptDecoder& decoder,
+                 const std::vector<model::ServeRequest>& requests) {
+  Outcome outcome;
+  if (s.mode == "served") {
+    model::Server server(decoder, s.serve);
+    for (const model::ServeRequest& r : requests) server.submit(r);
+    server.run();
+    for (int64_t n = 0; n < s.requests; ++n) {
+      outcome.hashes.push_back(hash_tokens(server.result(n).tokens));
+    }
+    outcome.steps = server.steps();
+    outcome.peak_blocks = server.peak_blocks_in_use();
+    return outcome;
+  }
+  for (model::ServeRequest r : requests) {
+    r.arrival = 0;
+    model::Server server(decoder, s.serve);
+    server.submit(r);
+    server.run();
+    outcome.hashes.push_back(hash_tokens(server.result(0).tokens));
+    outcome.steps += server.steps();
+    outcome.peak_blocks = std::max(outcome.peak_blocks, server.peak_blocks_in_use());
+  }
+  return outcome;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -112,42 +144,24 @@ int main(int argc, char** argv) {
     // Default pool: every request at once (served), the largest one (alone).
     options.blocks = s.pool_blocks > 0 ? s.pool_blocks : (s.mode == "served" ? needed : largest);
     model::PagedGptDecoder decoder(parameters, values.data(), options);
-    std::vector<uint64_t> hashes;
-    int64_t generated = 0, steps = 0, peak_blocks = 0;
     const auto start = std::chrono::steady_clock::now();
-    if (s.mode == "served") {
-      model::Server server(decoder, s.serve);
-      for (const model::ServeRequest& r : requests) server.submit(r);
-      server.run();
-      for (int64_t n = 0; n < s.requests; ++n)
-        hashes.push_back(hash_tokens(server.result(n).tokens));
-      steps = server.steps();
-      peak_blocks = server.peak_blocks_in_use();
-    } else {
-      for (model::ServeRequest r : requests) {
-        r.arrival = 0;
-        model::Server server(decoder, s.serve);
-        server.submit(r);
-        server.run();
-        hashes.push_back(hash_tokens(server.result(0).tokens));
-        steps += server.steps();
-        peak_blocks = std::max(peak_blocks, server.peak_blocks_in_use());
-      }
-    }
+    const Outcome outcome = run_mode(s, decoder, requests);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    int64_t generated = 0;
     for (const model::ServeRequest& r : requests) generated += r.max_new_tokens;
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
     std::string hash_list;
-    for (const uint64_t h : hashes) hash_list += (hash_list.empty() ? "" : ":") + std::to_string(h);
+    for (const uint64_t h : outcome.hashes)
+      hash_list += (hash_list.empty() ? "" : ":") + std::to_string(h);
     std::printf(
         "mode=%s seconds=%.4f generated=%lld tokens_per_s=%.1f steps=%lld peak_rss_mib=%.2f "
         "peak_blocks=%lld pool_blocks=%lld block_size=%lld bytes_per_position=%lld "
         "pool_mib=%.2f params_mib=%.2f hashes=%s\n",
         s.mode.c_str(), seconds, static_cast<long long>(generated),
-        static_cast<double>(generated) / seconds, static_cast<long long>(steps),
-        static_cast<double>(usage.ru_maxrss) / 1024.0, static_cast<long long>(peak_blocks),
+        static_cast<double>(generated) / seconds, static_cast<long long>(outcome.steps),
+        static_cast<double>(usage.ru_maxrss) / 1024.0, static_cast<long long>(outcome.peak_blocks),
         static_cast<long long>(decoder.blocks()), static_cast<long long>(s.block_size),
         static_cast<long long>(decoder.bytes_per_position()),
         static_cast<double>(decoder.pool_bytes()) / 1048576.0,
