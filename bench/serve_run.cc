@@ -2,7 +2,8 @@
 //
 //   serve_run --mode served|alone [--requests 32 --min-tokens 64 --max-tokens 2048]
 //             [--layers 4 --d-model 128 --heads 4 --context 2048] [--kv-format f32]
-//             [--block-size 16] [--pool-blocks N] [--max-batch 32 --token-budget 256
+//             [--block-size 16] [--pool-blocks N | --pool-percent 100]
+//             [--max-batch 32 --token-budget 256
 //             --prefill-chunk 64] [--threads 2] [--seed 1]
 //
 // The model is the GPT of include/maskattn/model/ at nanoGPT's initialisation plus noise (an
@@ -33,7 +34,7 @@ struct Settings {
   int64_t requests = 32, min_tokens = 64, max_tokens = 2048;
   model::GptConfig config;
   std::string kv_format = "f32";
-  int64_t block_size = 16, pool_blocks = 0;
+  int64_t block_size = 16, pool_blocks = 0, pool_percent = 100;
   model::ServeOptions serve;
   int threads = 2;
   uint64_t seed = 1;
@@ -117,6 +118,7 @@ int main(int argc, char** argv) {
   app.add_option("--kv-format", s.kv_format);
   app.add_option("--block-size", s.block_size);
   app.add_option("--pool-blocks", s.pool_blocks);
+  app.add_option("--pool-percent", s.pool_percent)->check(CLI::Range(1, 100));
   app.add_option("--max-batch", s.serve.max_batch);
   app.add_option("--token-budget", s.serve.token_budget);
   app.add_option("--prefill-chunk", s.serve.prefill_chunk);
@@ -141,8 +143,11 @@ int main(int argc, char** argv) {
       needed += blocks;
       largest = std::max(largest, blocks);
     }
-    // Default pool: every request at once (served), the largest one (alone).
-    options.blocks = s.pool_blocks > 0 ? s.pool_blocks : (s.mode == "served" ? needed : largest);
+    // Default pool: --pool-percent of every request at once (served), the largest one (alone).
+    options.blocks =
+        s.pool_blocks > 0
+            ? s.pool_blocks
+            : (s.mode == "served" ? std::max(largest, needed * s.pool_percent / 100) : largest);
     model::PagedGptDecoder decoder(parameters, values.data(), options);
     const auto start = std::chrono::steady_clock::now();
     const Outcome outcome = run_mode(s, decoder, requests);

@@ -60,6 +60,17 @@ std::string requests_file(const test::TempDir& dir, const std::string& name,
   return dir.path(name);
 }
 
+// gpt eval's validation windows: E109's "a split shorter than one window" (the checkpoint's
+// context against the text given).
+TEST(Errors, E109_GptEvalText) {
+  test::TempDir dir;
+  const std::string model = serve_checkpoint(dir);
+  std::ofstream(dir.path("short.txt")) << "abc abc\n";
+  expect_serve_cli_error("gpt eval --model " + model + " --text " + dir.path("short.txt"),
+                         "gpt eval: the validation split has 1 tokens, fewer than one window of "
+                         "context + 1 = 17");
+}
+
 TEST(Errors, E149_PagedDecoderPool) {
   const Model m;
   EXPECT_MASKATTN_ERROR(m.decoder(0),
