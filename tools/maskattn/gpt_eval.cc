@@ -2,7 +2,8 @@
 // computed through the paged cache — every window of context + 1 validation tokens fed in
 // prefill chunks, each token attending to keys and values as the cache stores them (quantized for
 // int8, fp8, q4) — beside the same windows through the training forward (f32, no cache); then a
-// greedy continuation of a validation prompt through the serving loop in that format.
+// greedy continuation of a validation prompt through the paged cache in that format (past the
+// context as gpt generate goes: restarting on the last context / 2 tokens).
 #include <fmt/core.h>
 
 #include <cmath>
@@ -11,8 +12,10 @@
 #include "commands.h"
 #include "maskattn/error.h"
 #include "maskattn/model/cross_entropy.h"
-#include "maskattn/model/serve.h"
+#include "maskattn/model/generate.h"
+#include "maskattn/model/paged_decoder.h"
 #include "maskattn/model/trainer.h"
+#include "maskattn/tokens.h"
 
 namespace maskattn::cli {
 
@@ -91,6 +94,47 @@ std::vector<int32_t> default_prompt(const model::LoadedModel& loaded,
           validation.begin() + static_cast<std::ptrdiff_t>(end)};
 }
 
+// Feeds `tokens` to a new sequence in pieces of `chunk`; returns it and the last logits.
+int64_t feed(model::PagedGptDecoder& decoder, const std::vector<int32_t>& tokens, int64_t chunk,
+             std::vector<float>& logits) {
+  const int64_t sequence = decoder.add_sequence();
+  for (size_t first = 0; first < tokens.size(); first += static_cast<size_t>(chunk)) {
+    const int64_t count = std::min<int64_t>(chunk, static_cast<int64_t>(tokens.size() - first));
+    logits = decoder.forward({{sequence, tokens.data() + first, count}});
+  }
+  return sequence;
+}
+
+// `count` greedy tokens after `prompt` (its last `context` tokens), as gpt generate makes them:
+// at the context the cache restarts on the last context / 2 tokens.
+std::vector<int32_t> greedy(model::PagedGptDecoder& decoder, const std::vector<int32_t>& prompt,
+                            int64_t count, int64_t chunk) {
+  const int64_t context = decoder.context();
+  std::vector<int32_t> text(prompt.end() - std::min<int64_t>(context, prompt.size()), prompt.end());
+  std::vector<float> logits;
+  int64_t sequence = feed(decoder, text, chunk, logits);
+  std::vector<int32_t> out;
+  model::GenerateOptions options;
+  options.temperature = 0;
+  uint64_t state = 0;
+  const int64_t vocab = decoder.parameters().config().vocab;
+  for (int64_t n = 0; n < count; ++n) {
+    int32_t next = model::sample_token(logits.data(), vocab, options, state, true);
+    if (next == kEosId) break;
+    out.push_back(next);
+    text.push_back(next);
+    if (decoder.length(sequence) == context) {
+      decoder.free(sequence);
+      const std::vector<int32_t> window(text.end() - std::max<int64_t>(context / 2, 1), text.end());
+      sequence = feed(decoder, window, chunk, logits);
+    } else {
+      logits = decoder.forward({{sequence, &next, 1}});
+    }
+  }
+  decoder.free(sequence);
+  return out;
+}
+
 }  // namespace
 
 int run_gpt_eval(const GptArgs& args) {
@@ -116,17 +160,11 @@ int run_gpt_eval(const GptArgs& args) {
       static_cast<long long>(config.context));
   std::printf("validation loss %.5f through the training forward (f32, no cache): %+.3f %%\n",
               forward, 100.0 * (paged - forward) / forward);
-  model::ServeRequest request;
-  request.prompt = args.prompt.empty() ? default_prompt(loaded, validation)
-                                       : loaded.vocabulary.encode(args.prompt);
-  request.max_new_tokens = args.tokens;
-  model::ServeOptions serve;
-  serve.prefill_chunk = std::min(args.prefill_chunk, serve.token_budget);
-  model::Server server(decoder, serve);
-  server.submit(request);
-  server.run();
-  std::printf("greedy: %s|%s\n", loaded.vocabulary.decode(request.prompt).c_str(),
-              loaded.vocabulary.decode(server.result(0).tokens).c_str());
+  const std::vector<int32_t> prompt = args.prompt.empty() ? default_prompt(loaded, validation)
+                                                          : loaded.vocabulary.encode(args.prompt);
+  const std::vector<int32_t> text = greedy(decoder, prompt, args.tokens, args.prefill_chunk);
+  std::printf("greedy: %s|%s\n", loaded.vocabulary.decode(prompt).c_str(),
+              loaded.vocabulary.decode(text).c_str());
   return 0;
 }
 
