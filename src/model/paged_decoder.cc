@@ -5,11 +5,12 @@
 // rows [first_row_[e], first_row_[e] + count). Everything but attention is row by row (embedding,
 // LayerNorm, GELU) or one product over all rows (c_attn, c_proj, c_fc, mlp.c_proj, the head), and
 // those products compute each output as one sum in a fixed order, so a row's values do not depend
-// on the other rows. Attention needs each entry's queries as a [B, Hq, Lq, D] tensor: the entries
-// of one kernel class are copied into a zero-padded [B, Lq, E] buffer (Lq = their longest count),
-// attended against their sequences' pages, and their real rows copied back. Keys and values are
-// appended straight from the packed c_attn output through strided views ([Hkv, T, D] with strides
-// {D, 3E, 1}): the cache encodes them into its format on the way in.
+// on the other rows. Attention: an entry of ≤ 8 tokens runs its own call (the header says why),
+// its queries read in place from the packed c_attn output and its heads written in place; the
+// longer entries are copied into one zero-padded [B, Lq, E] buffer (Lq = their longest count),
+// attended in one call against their sequences' pages, and their real rows copied back. Keys and
+// values are appended straight from the packed c_attn output through strided views ([Hkv, T, D]
+// with strides {D, 3E, 1}): the cache encodes them into its format on the way in.
 //
 // A failed forward changes nothing: the entries are checked (and the pool counted) before the
 // first append, and if an append or an attention call still throws (a value a quantized format
