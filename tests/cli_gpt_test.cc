@@ -101,5 +101,68 @@ TEST(CliGpt, TrainResumeAndGenerate) {
       << long_prompt.err;
 }
 
+// gpt serve: the results file holds one JSON line per request in submission order, the served
+// tokens equal the request run alone (greedy and sampled), the progress line and the summary go
+// to stderr; gpt eval prints the paged loss beside the training forward's and a greedy sample.
+TEST(CliGpt, ServeAndEval) {
+  test::TempDir dir;
+  std::string text;
+  for (int n = 0; n < 40; ++n) text += "the cat sat on the mat. the dog sat on the log.\n";
+  std::ofstream(dir.path("text.txt")) << text;
+  const test::CliResult trained = test::run_cli(
+      "gpt train --text " + dir.path("text.txt") + " --out " + dir.path("model") +
+      " --layers 1 --d-model 32 --heads 1 --context 48 --batch 4 --threads 1 --steps 10");
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  const std::string requests[] = {
+      R"({"prompt": "the cat", "max_new_tokens": 12})",
+      R"({"prompt": "the dog sat on the log. the", "max_new_tokens": 20, "arrival": 3})",
+      R"({"prompt": "a mat", "max_new_tokens": 9, "temperature": 0.9, "seed": 5, "ignore_eos": true})",
+      R"({"prompt": "the log", "max_new_tokens": 30, "cancel_at": 4})"};
+  std::ofstream all(dir.path("all.jsonl"));
+  for (const std::string& line : requests) all << line << "\n";
+  all.close();
+  const std::string serve = "gpt serve --model " + dir.path("model") +
+                            " --threads 1 --kv-format int8 " +
+                            "--max-batch 2 --token-budget 24 --prefill-chunk 16 --requests ";
+  const test::CliResult served =
+      test::run_cli(serve + dir.path("all.jsonl") + " --out " + dir.path("results.jsonl"));
+  ASSERT_EQ(served.exit_code, 0) << served.err;
+  EXPECT_TRUE(served.out.empty()) << served.out;
+  EXPECT_TRUE(std::regex_search(served.err, std::regex("step [0-9]+  waiting [0-9]+  running [0-9]+"
+                                                       "  done 4/4  [0-9]+ tok/s  blocks 0/")))
+      << served.err;
+  EXPECT_NE(served.err.find("cancelled"), std::string::npos) << served.err;
+  std::ifstream results(dir.path("results.jsonl"));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(results, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_NE(lines[3].find("\"status\": \"cancelled\""), std::string::npos) << lines[3];
+  for (int n = 0; n < 3; ++n) {
+    EXPECT_EQ(lines[n].rfind("{\"id\": " + std::to_string(n) + ", \"line\": " +
+                                 std::to_string(n + 1) + ", \"status\": \"finished\"",
+                             0),
+              0u)
+        << lines[n];
+    std::ofstream(dir.path("one.jsonl")) << requests[n] << "\n";
+    const test::CliResult alone = test::run_cli(serve + dir.path("one.jsonl"));
+    ASSERT_EQ(alone.exit_code, 0) << alone.err;
+    const auto tokens = [](const std::string& line) {
+      return line.substr(line.find("\"text\""),
+                         line.find("\"admitted_step\"") - line.find("\"text\""));
+    };
+    EXPECT_EQ(tokens(alone.out), tokens(lines[n])) << alone.out << "\n" << lines[n];
+  }
+  const test::CliResult eval =
+      test::run_cli("gpt eval --model " + dir.path("model") + " --text " + dir.path("text.txt") +
+                    " --kv-format q4 --windows 3 --tokens 10 --threads 1");
+  ASSERT_EQ(eval.exit_code, 0) << eval.err;
+  EXPECT_TRUE(std::regex_search(
+      eval.out, std::regex("validation loss [0-9.]+ through the paged KV cache \\(q4, blocks of "
+                           "16, prefill chunks of 64\\), 3 windows of 48 tokens\n"
+                           "validation loss [0-9.]+ through the training forward \\(f32, no "
+                           "cache\\): [-+][0-9.]+ %\ngreedy: .*\\|.*\n")))
+      << eval.out;
+}
+
 }  // namespace
 }  // namespace maskattn

@@ -90,16 +90,15 @@ const std::vector<float>& GptDecoder::feed(const std::vector<int32_t>& tokens) {
   return logits_;
 }
 
-namespace {
-
-// The next token from the logits: argmax for temperature 0, else a draw from softmax(z / T) over
-// the top k. Special tokens other than <eos> are excluded.
-int32_t sample(const std::vector<float>& logits, const GenerateOptions& options, uint64_t& state) {
+int32_t sample_token(const float* logits, int64_t vocab, const GenerateOptions& options,
+                     uint64_t& state, bool allow_eos) {
   std::vector<std::pair<double, int32_t>> candidates;
-  for (int32_t id = 0; id < static_cast<int32_t>(logits.size()); ++id) {
-    if (id < CharVocabulary::kSpecialTokens && id != kEosId) continue;
+  for (int32_t id = 0; id < static_cast<int32_t>(vocab); ++id) {
+    if (id < CharVocabulary::kSpecialTokens && (id != kEosId || !allow_eos)) continue;
     candidates.emplace_back(logits[id], id);
   }
+  if (candidates.empty())
+    return static_cast<int32_t>(kEosId);  // a vocabulary of special tokens only: nothing to say
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
   if (options.temperature <= 0) return candidates.front().second;
@@ -120,8 +119,6 @@ int32_t sample(const std::vector<float>& logits, const GenerateOptions& options,
   return candidates.back().second;
 }
 
-}  // namespace
-
 Generated generate(GptDecoder& decoder, const std::vector<int32_t>& prompt,
                    const GenerateOptions& options) {
   if (prompt.empty()) throw Error("gpt: the prompt is empty; give at least one character");
@@ -140,7 +137,8 @@ Generated generate(GptDecoder& decoder, const std::vector<int32_t>& prompt,
   }
   refill(std::min<int64_t>(limit, static_cast<int64_t>(text.size())));
   for (int64_t n = 0; n < options.tokens; ++n) {
-    const int32_t next = sample(logits, options, state);
+    const int32_t next =
+        sample_token(logits.data(), static_cast<int64_t>(logits.size()), options, state, true);
     if (next == kEosId) break;
     result.tokens.push_back(next);
     text.push_back(next);

@@ -142,9 +142,10 @@ struct LayoutArgs {
 };
 int run_layout(const LayoutArgs& args);
 
-// maskattn gpt train|generate|ablate: a small character-level GPT on maskattn (docs/gpt.md).
+// maskattn gpt train|generate|ablate|serve|eval: a small character-level GPT on maskattn
+// (docs/gpt.md).
 struct GptArgs {
-  std::string action;              // train, generate or ablate: the subcommand given
+  std::string action;              // train, generate, ablate, serve or eval: the subcommand given
   std::vector<std::string> texts;  // training text files; none: Debian's licence texts
   std::string out;                 // train: the checkpoint directory; ablate: its outputs
   std::string mask = "causal";     // train: causal or none
@@ -160,8 +161,19 @@ struct GptArgs {
   int64_t tokens = 200;    // generate: new tokens
   double temperature = 0.8;
   int64_t top_k = 0;
+  // serve, eval: the paged KV cache
+  std::string requests;  // serve: the requests file (JSON lines)
+  std::string results;   // serve: where the results go ("" = stdout)
+  std::string kv_format = "f32";
+  int64_t block_size = 16;
+  int64_t pool_blocks = 0;  // per layer; 0 = --pool-mib or the default
+  double pool_mib = 0;      // all layers together
+  int64_t max_batch = 32, token_budget = 256, prefill_chunk = 64;
+  int64_t windows = 16;  // eval: validation windows
 };
 int run_gpt_train(const GptArgs& args);
+int run_gpt_serve(const GptArgs& args);
+int run_gpt_eval(const GptArgs& args);
 int run_gpt_generate(const GptArgs& args);
 int run_gpt_ablate(const GptArgs& args);
 

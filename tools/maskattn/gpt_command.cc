@@ -1,6 +1,7 @@
-// maskattn gpt train|generate|ablate: the small character-level GPT of include/maskattn/model/ on
-// the command line (docs/gpt.md). This file parses the options and runs training and generation;
-// the ablation (two models, one table, pictures) is gpt_ablate.cc.
+// maskattn gpt train|generate|ablate|serve|eval: the small character-level GPT of
+// include/maskattn/model/ on the command line (docs/gpt.md). This file parses the options and runs
+// training and generation; the ablation (two models, one table, pictures) is gpt_ablate.cc, serving
+// a requests file gpt_serve.cc, the KV-cache formats' effect gpt_eval.cc.
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -49,6 +50,52 @@ void add_model_options(CLI::App* command, GptArgs& args) {
       ->add_option("--eval-every", args.eval_every,
                    "validation loss every N steps (default steps / 10)")
       ->check(CLI::Range(0, 100000000));
+}
+
+// The paged KV cache's options (serve, eval).
+void add_cache_options(CLI::App* command, GptArgs& args) {
+  command->add_option("--kv-format", args.kv_format,
+                      "KV cache format: f32 (default), f16, bf16, int8, fp8-e4m3, fp8-e5m2, q4");
+  command->add_option("--block-size", args.block_size, "positions per cache block (default 16)")
+      ->check(CLI::Range(16, 1024));
+  command
+      ->add_option("--prefill-chunk", args.prefill_chunk,
+                   "prompt tokens fed per piece (default 64)")
+      ->check(CLI::Range(1, 1000000));
+  command->add_option("--threads", args.threads, "threads (default: all cores)")
+      ->check(CLI::Range(0, 1024));
+}
+
+void add_serve_command(CLI::App* gpt, const std::shared_ptr<GptArgs>& args) {
+  CLI::App* serve = gpt->add_subcommand(
+      "serve", "run a file of requests through continuous batching over a paged KV cache");
+  serve->add_option("--model", args->model, "a gpt train checkpoint directory")->required();
+  serve->add_option("--requests", args->requests, "the requests: JSON lines (docs/cli.md)")
+      ->required();
+  serve->add_option("--out", args->results, "write the results (JSON lines) here; default stdout");
+  add_cache_options(serve, *args);
+  serve->add_option("--pool-blocks", args->pool_blocks, "cache blocks per layer")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
+  serve->add_option("--pool-mib", args->pool_mib, "cache memory of all layers, in MiB")
+      ->check(CLI::PositiveNumber);
+  serve->add_option("--max-batch", args->max_batch, "requests running at once (default 32)")
+      ->check(CLI::Range(1, 1000000));
+  serve->add_option("--token-budget", args->token_budget, "tokens fed per step (default 256)")
+      ->check(CLI::Range(1, 100000000));
+  serve->callback([args] { args->action = "serve"; });
+
+  CLI::App* eval = gpt->add_subcommand(
+      "eval", "validation loss and a greedy sample through the paged KV cache in one format");
+  eval->add_option("--model", args->model, "a gpt train checkpoint directory")->required();
+  eval->add_option("--text", args->texts, "the training text file(s) (default as gpt train)");
+  eval->add_option("--windows", args->windows, "validation windows (default 16)")
+      ->check(CLI::Range(1, 100000));
+  eval->add_option("--prompt", args->prompt,
+                   "greedy sample's prompt (default: 24 validation characters)");
+  eval->add_option("--tokens", args->tokens, "greedy sample's new characters (default 200)")
+      ->check(CLI::Range(1, 1000000));
+  add_cache_options(eval, *args);
+  eval->callback([args] { args->action = "eval"; });
 }
 
 }  // namespace
@@ -175,7 +222,8 @@ int run_gpt_generate(const GptArgs& args) {
 Command add_gpt_command(CLI::App& app) {
   auto args = std::make_shared<GptArgs>();
   CLI::App* gpt = app.add_subcommand(
-      "gpt", "train, sample and ablate a small character-level GPT (why the look-ahead mask)");
+      "gpt",
+      "train, sample, ablate and serve a small character-level GPT (why the look-ahead mask)");
   gpt->require_subcommand(1);
 
   CLI::App* train = gpt->add_subcommand("train", "train a model; checkpoint and loss log in --out");
@@ -206,10 +254,13 @@ Command add_gpt_command(CLI::App& app) {
       ->default_str("gpt-ablation");
   add_model_options(ablate, *args);
   ablate->callback([args] { args->action = "ablate"; });
+  add_serve_command(gpt, args);
 
   return {gpt, [args] {
             if (args->action == "train") return run_gpt_train(*args);
             if (args->action == "generate") return run_gpt_generate(*args);
+            if (args->action == "serve") return run_gpt_serve(*args);
+            if (args->action == "eval") return run_gpt_eval(*args);
             return run_gpt_ablate(*args);
           }};
 }

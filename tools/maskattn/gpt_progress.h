@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "maskattn/model/serve.h"
 #include "maskattn/model/text_data.h"
 #include "maskattn/model/trainer.h"
 
@@ -27,6 +28,23 @@ class Progress {
   bool terminal_;
   std::chrono::steady_clock::time_point start_;
   int64_t last_printed_ = -1;
+};
+
+// gpt serve's line: "step 812  waiting 3  running 32  done 45/100  1,234 tok/s  blocks 200/512"
+// (requests waiting, running, done; tokens generated per second so far; KV-cache blocks in use
+// per layer of the pool's), rewritten in place on a terminal, a line each tenth of the requests
+// otherwise.
+class ServeProgress {
+ public:
+  ServeProgress(int64_t requests, int64_t pool_blocks);
+  void update(const model::ServeStep& step);
+  void finish();
+
+ private:
+  int64_t requests_, pool_blocks_;
+  bool terminal_;
+  std::chrono::steady_clock::time_point start_;
+  int64_t generated_ = 0, last_tenth_ = 0, last_done_ = -1;
 };
 
 struct TrainedRun {

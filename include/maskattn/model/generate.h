@@ -57,6 +57,12 @@ struct Generated {
   int64_t prompt_dropped = 0;   // prompt tokens dropped to fit the context
 };
 
+// The next token from `logits` [vocab]: the argmax for temperature 0, else a draw from
+// softmax(z / temperature) over the top k (one splitmix64 draw from `state`, which advances).
+// Special tokens are never chosen, except <eos> when `allow_eos`.
+int32_t sample_token(const float* logits, int64_t vocab, const GenerateOptions& options,
+                     uint64_t& state, bool allow_eos);
+
 // Samples `options.tokens` tokens after `prompt` (non-empty). Special tokens other than <eos> are
 // never sampled; <eos> ends the text early.
 Generated generate(GptDecoder& decoder, const std::vector<int32_t>& prompt,
