@@ -14,6 +14,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <vector>
 
 #include "maskattn/attention.h"
@@ -80,8 +82,8 @@ class PagedKVCache {
   // Row bytes of one position and kv head, in place (for the kernels and tests).
   const uint8_t* key_row(int32_t block, int64_t row, int64_t kv_head) const;
   const uint8_t* value_row(int32_t block, int64_t row, int64_t kv_head) const;
-  const uint8_t* key_pool() const { return keys_.data(); }
-  const uint8_t* value_pool() const { return values_.data(); }
+  const uint8_t* key_pool() const { return keys_.get(); }
+  const uint8_t* value_pool() const { return values_.get(); }
 
   // The sequence's keys and values decoded to f32: [Hkv, length, D] and [Hkv, length, Dv]
   // (exactly the values attention reads; for tests and inspection).
@@ -105,9 +107,15 @@ class PagedKVCache {
   int64_t blocks_, block_size_, kv_heads_, head_dim_, value_dim_;
   KVFormat format_;
   int64_t key_row_bytes_, value_row_bytes_;
-  std::vector<uint8_t> keys_, values_;  // [blocks, Hkv, block_size, row bytes]
-  std::vector<int32_t> references_;     // per block: sequences holding it
-  std::vector<int32_t> free_list_;      // free blocks, taken from the back
+  // [blocks, Hkv, block_size, row bytes], from calloc: the system hands out zero pages as they
+  // are first written, so the process's memory follows the blocks in use, not the pool's size
+  // (a fresh pool reads as zeros either way).
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, Free> keys_, values_;
+  std::vector<int32_t> references_;  // per block: sequences holding it
+  std::vector<int32_t> free_list_;   // free blocks, taken from the back
   std::vector<Sequence> sequences_;
 };
 

@@ -9,7 +9,9 @@
 #include "maskattn/paged_kv_cache.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "core/element.h"
@@ -57,8 +59,10 @@ PagedKVCache::PagedKVCache(int64_t blocks, int64_t block_size, int64_t kv_heads,
                  "PagedKVCache pool of " + str(blocks) + " blocks of " + str(block_size) +
                      " positions × " + str(kv_heads) + " kv heads (" + kv_format_name(format) +
                      ")");
-  keys_.resize(static_cast<size_t>(positions) * key_row_bytes_);
-  values_.resize(static_cast<size_t>(positions) * value_row_bytes_);
+  keys_.reset(static_cast<uint8_t*>(std::calloc(static_cast<size_t>(positions), key_row_bytes_)));
+  values_.reset(
+      static_cast<uint8_t*>(std::calloc(static_cast<size_t>(positions), value_row_bytes_)));
+  if (keys_ == nullptr || values_ == nullptr) throw std::bad_alloc();
   references_.assign(blocks, 0);
   free_list_.resize(blocks);
   // The stack's back is block 0: blocks are handed out in increasing order from a fresh pool.
@@ -139,12 +143,12 @@ void PagedKVCache::release_block(int32_t block) {
 }
 
 void PagedKVCache::copy_block(int32_t from, int32_t to) {
-  const auto copy = [&](std::vector<uint8_t>& pool, int64_t row_bytes) {
+  const auto copy = [&](uint8_t* pool, int64_t row_bytes) {
     const int64_t bytes = block_size_ * kv_heads_ * row_bytes;
-    std::memcpy(pool.data() + to * bytes, pool.data() + from * bytes, bytes);
+    std::memcpy(pool + to * bytes, pool + from * bytes, bytes);
   };
-  copy(keys_, key_row_bytes_);
-  copy(values_, value_row_bytes_);
+  copy(keys_.get(), key_row_bytes_);
+  copy(values_.get(), value_row_bytes_);
 }
 
 int64_t PagedKVCache::blocks_needed(int64_t id, int64_t count) const {
@@ -158,11 +162,11 @@ int64_t PagedKVCache::blocks_needed(int64_t id, int64_t count) const {
 }
 
 const uint8_t* PagedKVCache::key_row(int32_t block, int64_t row, int64_t kv_head) const {
-  return keys_.data() + ((block * kv_heads_ + kv_head) * block_size_ + row) * key_row_bytes_;
+  return keys_.get() + ((block * kv_heads_ + kv_head) * block_size_ + row) * key_row_bytes_;
 }
 
 const uint8_t* PagedKVCache::value_row(int32_t block, int64_t row, int64_t kv_head) const {
-  return values_.data() + ((block * kv_heads_ + kv_head) * block_size_ + row) * value_row_bytes_;
+  return values_.get() + ((block * kv_heads_ + kv_head) * block_size_ + row) * value_row_bytes_;
 }
 
 }  // namespace maskattn
