@@ -221,6 +221,18 @@ std::vector<std::pair<std::string, Mask>> sweep_masks(const RandomProblem& p) {
   return masks;
 }
 
+std::vector<std::pair<std::string, Mask>> paged_sweep_masks(const RandomProblem& p) {
+  std::vector<std::pair<std::string, Mask>> masks;
+  for (auto& [name, mask] : sweep_masks(p)) {
+    const bool placed = name.find("len") != std::string::npos ||
+                        name.find("start") != std::string::npos ||
+                        name.find("pad") != std::string::npos;
+    if (mask.alignment_is_set() || placed || name.find("tree") != std::string::npos) continue;
+    masks.emplace_back(name, mask);
+  }
+  return masks;
+}
+
 std::vector<std::pair<std::string, Mask>> sparse_sweep_masks(const RandomProblem& p) {
   std::vector<std::pair<std::string, Mask>> sparse;
   for (auto& [name, mask] : sweep_masks(p)) {

@@ -60,6 +60,10 @@ float max_error(const std::vector<float>& a, const std::vector<float>& b);
 
 // Every mask component alone and in the usual combinations, sized for p (the kernel sweeps).
 std::vector<std::pair<std::string, Mask>> sweep_masks(const RandomProblem& p);
+// The sweep masks a paged call takes on top of its own placement (attention_paged): not those
+// setting an alignment, lengths or starts (the call places each sequence's queries itself), nor
+// draft trees (they need sequences of one length).
+std::vector<std::pair<std::string, Mask>> paged_sweep_masks(const RandomProblem& p);
 // The sweep masks holding global tokens or a block-sparse layout.
 std::vector<std::pair<std::string, Mask>> sparse_sweep_masks(const RandomProblem& p);
 
