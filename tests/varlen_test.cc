@@ -64,9 +64,12 @@ Packed random_mix(uint64_t seed, bool self_attention, int64_t hq = 4, int64_t hk
   return Packed(lq, lk, hq, hkv, 16, 8, seed);
 }
 
+// Unsigned arithmetic: the products wrap by definition (int64_t would overflow, UB).
 uint32_t hash(int64_t a, int64_t b, int64_t c = 0) {
-  return static_cast<uint32_t>(((a * 73856093) ^ (b * 19349663) ^ (c * 83492791)) * 2654435761u >>
-                               7);
+  const uint64_t mixed = (static_cast<uint64_t>(a) * 73856093u) ^
+                         (static_cast<uint64_t>(b) * 19349663u) ^
+                         (static_cast<uint64_t>(c) * 83492791u);
+  return static_cast<uint32_t>(mixed * 2654435761u >> 7);
 }
 
 // The sweep's masks, for the padded batch (only < 0) or for sequence `only` alone. `lengths`
