@@ -46,6 +46,8 @@ OWNERS = {
     "src/attention.cc": "api",
     "src/attention_backward.cc": "api",
     "src/paged_attention.cc": "api",
+    "src/paged_run.cc": "api",
+    "src/paged_run.h": "api",
     "src/paged_tensors.cc": "api",
     "src/gradcheck.cc": "api",
     "src/validate.cc": "api",

@@ -3,15 +3,13 @@
 // that places each sequence's queries at its own end is built here (docs/semantics.md §18).
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "core/block_skipping.h"
-#include "kernels/fused.h"
 #include "kernels/kv_pages.h"
-#include "kernels/problem.h"
-#include "kernels/reference.h"
 #include "maskattn/error.h"
 #include "maskattn/paged_kv_cache.h"
+#include "paged_run.h"
 #include "validate.h"
 
 namespace maskattn {
@@ -19,7 +17,6 @@ namespace maskattn {
 namespace {
 
 using detail::KVPages;
-using detail::Problem;
 
 std::string str(int64_t value) {
   return std::to_string(value);
@@ -76,23 +73,6 @@ PagedBatch batch_of(const TensorView& q, const PagedKVCache& cache,
   return out;
 }
 
-// The reference kernel's K and V: every sequence decoded, [B, Hkv, Lk, W] f32, zeros past its end.
-std::vector<float> decoded_batch(const PagedKVCache& cache, const std::vector<int64_t>& sequences,
-                                 int64_t k_len, bool keys) {
-  const int64_t heads = cache.kv_heads(), width = keys ? cache.head_dim() : cache.value_dim();
-  std::vector<float> out(static_cast<size_t>(sequences.size() * heads * k_len * width), 0.0f);
-  for (size_t b = 0; b < sequences.size(); ++b) {
-    const std::vector<float> rows =
-        keys ? cache.decoded_keys(sequences[b]) : cache.decoded_values(sequences[b]);
-    const int64_t length = cache.length(sequences[b]);
-    for (int64_t g = 0; g < heads; ++g) {
-      std::copy_n(rows.begin() + g * length * width, length * width,
-                  out.begin() + ((b * heads + g) * k_len) * width);
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 void attention_paged(const TensorView& q, const PagedKVCache& cache,
@@ -102,25 +82,8 @@ void attention_paged(const TensorView& q, const PagedKVCache& cache,
   detail::require_view(q, 4, "q", "[B,Hq,Lq,D]");
   const PagedBatch batch = batch_of(q, cache, sequences, query_lengths);
   detail::require_tree_fits(mask, batch.lengths, batch.query_lengths, q.size(2), "attention_paged");
-  const int64_t k_len = *std::max_element(batch.lengths.begin(), batch.lengths.end());
-  // K and V as the kernels' shape-only views: every row one zero row (kv_pages.h).
-  const int64_t widest = std::max(cache.head_dim(), cache.value_dim());
-  const std::vector<float> zeros(static_cast<size_t>(widest), 0.0f);
-  const Dims k_strides = {0, 0, 0, 1};
-  const TensorView k(zeros.data(), q.dtype(),
-                     {q.size(0), cache.kv_heads(), k_len, cache.head_dim()}, k_strides);
-  const TensorView v(zeros.data(), q.dtype(),
-                     {q.size(0), cache.kv_heads(), k_len, cache.value_dim()}, k_strides);
-  Problem p = detail::make_problem(q, k, &v, options);
-  detail::require_result(
-      out, {p.batch, p.q_heads, p.q_len, p.value_dim}, q.dtype(), "out",
-      "q " + q.shape_string() + " and the cache's value_dim " + str(cache.value_dim()));
-  detail::require_disjoint(out, "out", q, "q");
-  if (!lse.is_null()) {
-    detail::require_output(lse, {p.batch, p.q_heads, p.q_len}, DType::f32, "lse",
-                           "q " + q.shape_string());
-  }
-  KVPages pages;
+  detail::PagedCall call;
+  KVPages& pages = call.pages;
   pages.format = cache.format();
   pages.key_pool = cache.key_pool();
   pages.value_pool = cache.value_pool();
@@ -137,24 +100,14 @@ void attention_paged(const TensorView& q, const PagedKVCache& cache,
   pages.table = batch.table.data();
   pages.table_stride = batch.max_blocks;
   pages.lengths = batch.lengths.data();
-  pages.zero_row = reinterpret_cast<const uint8_t*>(zeros.data());
-  p.pages = &pages;
+  call.kv_heads = cache.kv_heads();
+  call.head_dim = cache.head_dim();
+  call.value_dim = cache.value_dim();
+  call.values = "the cache's value_dim " + str(cache.value_dim());
   // Each sequence's queries at its own end: ragged bottom-right alignment (§2).
   const Mask placed = Mask().causal() & Mask().key_lengths(batch.lengths) &
                       Mask().query_lengths(batch.query_lengths) & mask;
-  detail::resolve_and_run(p, placed, mods, options, [&](const Problem& checked) {
-    if (options.kernel != Kernel::reference) {
-      detail::fused::forward(checked, out, lse, detail::block_skipping());
-      return;
-    }
-    const std::vector<float> keys = decoded_batch(cache, sequences, k_len, true);
-    const std::vector<float> values = decoded_batch(cache, sequences, k_len, false);
-    Problem dense = checked;
-    dense.pages = nullptr;
-    dense.k = TensorView(keys.data(), {p.batch, p.kv_heads, k_len, p.head_dim});
-    dense.v = TensorView(values.data(), {p.batch, p.kv_heads, k_len, p.value_dim});
-    detail::reference::forward(dense, out, lse);
-  });
+  detail::run_paged(q, std::move(call), placed, mods, options, out, lse);
 }
 
 }  // namespace maskattn

@@ -9,24 +9,21 @@
 // any other strides work alike. Nothing is copied; the call costs the checks (one pass over the
 // block-table entries the lengths use) and the kernel.
 //
-// As in paged_attention.cc the Problem gets shape-only k and v views whose rows are all one zero
-// row (code unaware of pages reads zeros, never the pool), and the placed mask puts each
-// sequence's queries at its own end: causal & key_lengths & query_lengths & the caller's mask.
-// The reference kernel (the oracle) gets the rows gathered into dense f32 tensors instead, read
-// only below each sequence's length, so that whatever the pool holds past it (the caller's
-// padding, a freed block's old rows, NaN) never reaches the oracle either.
+// The placed mask puts each sequence's queries at its own end: causal & key_lengths &
+// query_lengths & the caller's mask; the run itself is paged_run.h's, shared with
+// paged_attention.cc (the shape-only zero views, the output checks, the reference on rows
+// gathered below each sequence's length, so whatever the pool holds past it — the caller's
+// padding, a freed block's old rows, NaN — never reaches the oracle).
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "core/block_skipping.h"
-#include "kernels/fused.h"
 #include "kernels/kv_pages.h"
-#include "kernels/problem.h"
-#include "kernels/reference.h"
 #include "maskattn/error.h"
 #include "maskattn/kv_format.h"
 #include "maskattn/paged_tensors.h"
+#include "paged_run.h"
 #include "validate.h"
 
 namespace maskattn {
@@ -34,7 +31,6 @@ namespace maskattn {
 namespace {
 
 using detail::KVPages;
-using detail::Problem;
 
 std::string str(int64_t value) {
   return std::to_string(value);
@@ -129,7 +125,7 @@ std::vector<int64_t> query_counts(const TensorView& q, const std::vector<int64_t
 }
 
 // The caller's strides as the kernels' byte strides (kv_pages.h).
-KVPages pages_of(const PagedTensors& kv, const float* zero_row) {
+KVPages pages_of(const PagedTensors& kv) {
   const auto element = static_cast<int64_t>(dtype_size(kv.keys.dtype()));
   const TensorView &k = kv.keys, &v = kv.values;
   KVPages pages;
@@ -148,24 +144,7 @@ KVPages pages_of(const PagedTensors& kv, const float* zero_row) {
   pages.table = kv.block_table;
   pages.table_stride = kv.table_columns;
   pages.lengths = kv.lengths.data();
-  pages.zero_row = reinterpret_cast<const uint8_t*>(zero_row);
   return pages;
-}
-
-// The reference kernel's K or V: [B, Hkv, Lk, W] f32, each sequence's rows below its length
-// decoded, zeros elsewhere.
-std::vector<float> gathered(const KVPages& pages, int64_t batch, int64_t heads, int64_t k_len,
-                            int64_t width, bool keys) {
-  std::vector<float> out(static_cast<size_t>(batch * heads * k_len * width), 0.0f);
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t g = 0; g < heads; ++g) {
-      for (int64_t j = 0; j < pages.lengths[b]; ++j) {
-        kv_decode_row(pages.format, keys, pages.row(keys, b, g, j), width,
-                      out.data() + ((b * heads + g) * k_len + j) * width);
-      }
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -178,41 +157,16 @@ void attention_paged(const TensorView& q, const PagedTensors& kv, const MutableT
   check_table(q.size(0), kv);
   const std::vector<int64_t> queries = query_counts(q, query_lengths);
   detail::require_tree_fits(mask, kv.lengths, queries, q.size(2), kWho);
-  const int64_t heads = kv.keys.size(2), dim = kv.keys.size(3), value_dim = kv.values.size(3);
-  const int64_t k_len =
-      kv.lengths.empty() ? 0 : *std::max_element(kv.lengths.begin(), kv.lengths.end());
-  // K and V as the kernels' shape-only views: every row one zero row (kv_pages.h).
-  const std::vector<float> zeros(static_cast<size_t>(std::max<int64_t>(dim, value_dim)), 0.0f);
-  const Dims zero_strides = {0, 0, 0, 1};
-  const TensorView k(zeros.data(), q.dtype(), {q.size(0), heads, k_len, dim}, zero_strides);
-  const TensorView v(zeros.data(), q.dtype(), {q.size(0), heads, k_len, value_dim}, zero_strides);
-  Problem p = detail::make_problem(q, k, &v, options);
-  detail::require_result(out, {p.batch, p.q_heads, p.q_len, p.value_dim}, q.dtype(), "out",
-                         "q " + q.shape_string() + " and values " + kv.values.shape_string());
-  detail::require_disjoint(out, "out", q, "q");
-  detail::require_disjoint(out, "out", kv.keys, "keys");
-  detail::require_disjoint(out, "out", kv.values, "values");
-  if (!lse.is_null()) {
-    detail::require_output(lse, {p.batch, p.q_heads, p.q_len}, DType::f32, "lse",
-                           "q " + q.shape_string());
-  }
-  const KVPages pages = pages_of(kv, zeros.data());
-  p.pages = &pages;
+  detail::PagedCall call;
+  call.pages = pages_of(kv);
+  call.kv_heads = kv.keys.size(2);
+  call.head_dim = kv.keys.size(3);
+  call.value_dim = kv.values.size(3);
+  call.values = "values " + kv.values.shape_string();
+  call.inputs = {{kv.keys, "keys"}, {kv.values, "values"}};
   Mask placed = Mask().key_lengths(kv.lengths) & Mask().query_lengths(queries) & mask;
   if (kv.causal) placed = Mask().causal() & placed;
-  detail::resolve_and_run(p, placed, mods, options, [&](const Problem& checked) {
-    if (options.kernel != Kernel::reference) {
-      detail::fused::forward(checked, out, lse, detail::block_skipping());
-      return;
-    }
-    const std::vector<float> keys = gathered(pages, p.batch, heads, k_len, dim, true);
-    const std::vector<float> values = gathered(pages, p.batch, heads, k_len, value_dim, false);
-    Problem dense = checked;
-    dense.pages = nullptr;
-    dense.k = TensorView(keys.data(), {p.batch, heads, k_len, dim});
-    dense.v = TensorView(values.data(), {p.batch, heads, k_len, value_dim});
-    detail::reference::forward(dense, out, lse);
-  });
+  detail::run_paged(q, std::move(call), placed, mods, options, out, lse);
 }
 
 }  // namespace maskattn
