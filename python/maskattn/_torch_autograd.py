@@ -209,24 +209,12 @@ class _AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, bias, sinks, call: Call, *tables):
         out, lse = _forward(query, key, value, call)
-        # The tables are saved only so that autograd refuses a backward after they were changed
-        # in place (the program reads them again then).
-        ctx.save_for_backward(query, key, value, out, lse, *tables)
-        ctx.saved_call = SavedCall(call)
-        live_saved_calls.add(ctx.saved_call)
-        ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
-        ctx.sinks_meta = None if sinks is None else (sinks.shape, sinks.dtype)
-        ctx.table_metas = [(t.shape, t.dtype) for t in tables]
-        ctx.mark_non_differentiable(lse)
+        save_call(ctx, (query, key, value, out, lse), call, bias, sinks, tables)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        if torch.is_grad_enabled():  # backward(create_graph=True): it would silently be wrong
-            raise NotImplementedError(
-                "maskattn has no double backward: its gradients are not differentiable "
-                "(backward with create_graph=True through maskattn attention)"
-            )
+        refuse_double_backward("attention")
         query, key, value, out, lse = ctx.saved_tensors[:5]
         call = ctx.saved_call.call
         wants_tables = any(ctx.needs_input_grad[6:])
@@ -235,13 +223,43 @@ class _AttentionFunction(torch.autograd.Function):
             layout=call.layout, threads=call.threads, return_mod_grads=True,
             return_table_grads=wants_tables, **call.dropout.core_args(),
         )
-        dq, dk, dv, dbias, dsinks = grads[:5]
-        dtables = grads[5] if wants_tables else {}
-        bias_grad = mod_grad(dbias, ctx.bias_meta, ctx.needs_input_grad[3])
-        sinks_grad = mod_grad(dsinks, ctx.sinks_meta, ctx.needs_input_grad[4])
-        table_grads = [mod_grad(dtables.get(name), meta, needed) for name, meta, needed in
-                       zip(call.table_names, ctx.table_metas, ctx.needs_input_grad[6:])]
-        return (dq, dk, dv, bias_grad, sinks_grad, None, *table_grads)
+        return input_grads(ctx, call, grads, wants_tables)
+
+
+def save_call(ctx, tensors, call, bias, sinks, tables):
+    """What an attention Function's forward keeps for its backward: the tensors (q, k, v, out,
+    lse) and the program tables — saved only so that autograd refuses a backward after they were
+    changed in place (the program reads them again then) —, the call, and the shapes and dtypes
+    the modifier gradients come back in. lse is not differentiable."""
+    ctx.save_for_backward(*tensors, *tables)
+    ctx.saved_call = SavedCall(call)
+    live_saved_calls.add(ctx.saved_call)
+    ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
+    ctx.sinks_meta = None if sinks is None else (sinks.shape, sinks.dtype)
+    ctx.table_metas = [(t.shape, t.dtype) for t in tables]
+    ctx.mark_non_differentiable(tensors[4])
+
+
+def refuse_double_backward(what):
+    """backward(create_graph=True) would silently be wrong: maskattn's gradients are not
+    differentiable."""
+    if torch.is_grad_enabled():
+        raise NotImplementedError(
+            "maskattn has no double backward: its gradients are not differentiable "
+            f"(backward with create_graph=True through maskattn {what})"
+        )
+
+
+def input_grads(ctx, call, grads, wants_tables):
+    """The Function's gradients, in its inputs' order (q, k, v, bias, sinks, call, *tables), from
+    a backward's (dq, dk, dv, dbias, dsinks[, dtables])."""
+    dq, dk, dv, dbias, dsinks = grads[:5]
+    dtables = grads[5] if wants_tables else {}
+    bias_grad = mod_grad(dbias, ctx.bias_meta, ctx.needs_input_grad[3])
+    sinks_grad = mod_grad(dsinks, ctx.sinks_meta, ctx.needs_input_grad[4])
+    table_grads = [mod_grad(dtables.get(name), meta, needed) for name, meta, needed in
+                   zip(call.table_names, ctx.table_metas, ctx.needs_input_grad[6:])]
+    return (dq, dk, dv, bias_grad, sinks_grad, None, *table_grads)
 
 
 def mod_grad(grad, meta, needed):

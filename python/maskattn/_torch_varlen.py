@@ -23,9 +23,9 @@ import torch
 from . import _core, _varlen
 from ._dropout import NO_DROPOUT, Dropout, checked_dropout, seed_for
 from ._torch_autograd import (
-    mod_grad,
-    live_saved_calls,
-    SavedCall,
+    input_grads,
+    refuse_double_backward,
+    save_call,
     check_mask,
     check_tensors,
     core_mods_of,
@@ -62,22 +62,12 @@ class _VarlenFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, bias, sinks, call: VarlenCall, *tables):
         out, lse = _forward(query, key, value, call)
-        ctx.save_for_backward(query, key, value, out, lse, *tables)
-        ctx.saved_call = SavedCall(call)
-        live_saved_calls.add(ctx.saved_call)
-        ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
-        ctx.sinks_meta = None if sinks is None else (sinks.shape, sinks.dtype)
-        ctx.table_metas = [(t.shape, t.dtype) for t in tables]
-        ctx.mark_non_differentiable(lse)
+        save_call(ctx, (query, key, value, out, lse), call, bias, sinks, tables)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        if torch.is_grad_enabled():
-            raise NotImplementedError(
-                "maskattn has no double backward: its gradients are not differentiable "
-                "(backward with create_graph=True through maskattn attention_varlen)"
-            )
+        refuse_double_backward("attention_varlen")
         query, key, value, out, lse = ctx.saved_tensors[:5]
         call = ctx.saved_call.call
         wants_tables = any(ctx.needs_input_grad[6:])
@@ -86,12 +76,7 @@ class _VarlenFunction(torch.autograd.Function):
             scale=call.scale, threads=call.threads, return_mod_grads=True,
             return_table_grads=wants_tables, **call.dropout.core_args(),
         )
-        dq, dk, dv, dbias, dsinks = grads[:5]
-        dtables = grads[5] if wants_tables else {}
-        table_grads = [mod_grad(dtables.get(name), meta, needed) for name, meta, needed in
-                       zip(call.table_names, ctx.table_metas, ctx.needs_input_grad[6:])]
-        return (dq, dk, dv, mod_grad(dbias, ctx.bias_meta, ctx.needs_input_grad[3]),
-                mod_grad(dsinks, ctx.sinks_meta, ctx.needs_input_grad[4]), None, *table_grads)
+        return input_grads(ctx, call, grads, wants_tables)
 
 
 def _varlen_and_lse(query, key, value, call, bias, sinks, tables):
