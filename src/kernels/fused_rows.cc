@@ -279,13 +279,11 @@ void DotRun(const float* q, const RowSource& k, int64_t count, int64_t dim, bool
   if (is_quantized(k.format)) {
     const auto* keys = static_cast<const uint8_t*>(k.base);
     WithQuantized(k.format, [&](auto format) {
-      DotQuantizedRun<decltype(format)::value>(q, keys, k.row_bytes, count, dim, k.group, s,
-                                               [&](int64_t j) {
-                                                 if (prefetch) PrefetchAhead(k, j, count);
-                                               });
+      DotQuantizedRun<decltype(format)::value>(q, keys, k.row_bytes, count, dim, k.group, s);
     });
     return;
   }
+  (void)prefetch;  // unused by the scalar target, which scores one key at a time
   WithRow(k, 0, [&](const auto* keys) {
     int64_t j = 0;
 #if HWY_TARGET != HWY_SCALAR

@@ -146,39 +146,44 @@ HWY_INLINE float DecodeCode(const uint8_t* codes, int64_t e) {
 
 constexpr int64_t kRowsAhead = 24;
 
-// scales[j·groups + g] = group g's scale of row j (rows `stride` bytes apart), times the format's
-// decoding factor: decoded once per row and tile, four at a time with the CPU's f16 conversion,
-// so that the products below broadcast them from memory instead of decoding one per group.
+// A per-thread buffer of at least `count` floats for the scales of one run of rows, and room for
+// their f16 bits after them.
+HWY_INLINE float* ScaleBuffer(int64_t count) {
+  thread_local std::vector<float> buffer;
+  const auto needed = static_cast<size_t>(count + count / 2 + 16);
+  if (buffer.size() < needed) buffer.resize(needed);
+  return buffer.data();
+}
+
+// scales[j·groups + g] = group g's scale of row j (rows `stride` bytes apart; `scales` from
+// ScaleBuffer), times the format's decoding factor. The f16 scales are first copied next to each
+// other, then widened N at a time with the CPU's f16 conversion: a row kernel's run decodes each
+// row's scales once, and per-row scalar decoding (branches on the exponent) cost as much as the
+// row's products. This pass is the run's first touch of each row, so it also requests rows ahead.
 template <KVFormat F>
 HWY_INLINE void DecodeScales(const uint8_t* HWY_RESTRICT rows, int64_t stride, int64_t count,
                              int64_t groups, float* HWY_RESTRICT scales) {
-  const hn::CappedTag<float, 4> d4;
-  const hn::Rebind<hwy::float16_t, decltype(d4)> dh;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d4));
-  const auto factor = hn::Set(d4, F == KVFormat::fp8_e4m3 ? 256.0f : 1.0f);
+  const int64_t total = count * groups;
+  auto* bits = reinterpret_cast<uint16_t*>(scales + total);
   for (int64_t j = 0; j < count; ++j) {
-    // This pass is the run's first touch of each row: rows further ahead are requested now
-    // (quantized rows are short, so 8 rows ahead — the row kernel's distance for bf16 — is too
-    // little to cover a miss to memory; 24 measured best here).
+    // Quantized rows are short, so 8 rows ahead (the row kernel's distance for bf16) is too little
+    // to cover a miss to memory; 24 measured best here.
     if (j + kRowsAhead < count && stride > 0) {
       const uint8_t* ahead = rows + (j + kRowsAhead) * stride;
       for (int64_t byte = 0; byte < stride; byte += 64) hwy::Prefetch(ahead + byte);
     }
-    const auto* row = reinterpret_cast<const hwy::float16_t*>(rows + j * stride);
-    float* out = scales + j * groups;
-    int64_t g = 0;
-    for (; g + N <= groups; g += N) {
-      hn::StoreU(hn::Mul(hn::PromoteTo(d4, hn::LoadU(dh, row + g)), factor), d4, out + g);
-    }
-    for (; g < groups; ++g) out[g] = GroupScale<F>(rows + j * stride, g);
+    std::memcpy(bits + j * groups, rows + j * stride, 2 * groups);
   }
-}
-
-// A per-thread buffer of at least `count` floats for the scales of one run of rows.
-HWY_INLINE float* ScaleBuffer(int64_t count) {
-  thread_local std::vector<float> buffer;
-  if (static_cast<int64_t>(buffer.size()) < count) buffer.resize(count);
-  return buffer.data();
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const auto factor = hn::Set(df, F == KVFormat::fp8_e4m3 ? 256.0f : 1.0f);
+  const auto* halves = reinterpret_cast<const hwy::float16_t*>(bits);
+  int64_t e = 0;
+  for (; e + N <= total; e += N) {
+    hn::StoreU(hn::Mul(hn::PromoteTo(df, hn::LoadU(dh, halves + e)), factor), df, scales + e);
+  }
+  for (; e < total; ++e) scales[e] = GroupScale<F>(reinterpret_cast<const uint8_t*>(bits + e), 0);
 }
 
 // out[x] = q·k̂_x for the four rows at k + x·stride (bytes); `group` elements per scale,
@@ -219,6 +224,34 @@ HWY_INLINE void DotFourQuantized(const float* HWY_RESTRICT q, const uint8_t* HWY
   for (int x = 0; x < 4; ++x) out[x] += tail[x];
 }
 
+// DotFourQuantized for rows of whole groups of 32 (dim a multiple of 32, the common case): each
+// group's vectors are unrolled with their offsets known at compile time (q4's nibble half too).
+template <KVFormat F>
+HWY_INLINE void DotFourGroups32(const float* HWY_RESTRICT q, const uint8_t* HWY_RESTRICT k,
+                                int64_t stride, int64_t groups, const float* HWY_RESTRICT scales,
+                                float* HWY_RESTRICT out) {
+  const hn::ScalableTag<float> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+  const uint8_t* codes = k + 2 * groups;
+  for (int64_t g = 0; g < groups; ++g, codes += CodeOffset<F>(32), q += 32) {
+    auto p0 = hn::Zero(df), p1 = hn::Zero(df), p2 = hn::Zero(df), p3 = hn::Zero(df);
+    HWY_UNROLL(8)
+    for (int64_t e = 0; e < 32; e += N) {
+      const auto qv = hn::LoadU(df, q + e);
+      p0 = hn::MulAdd(qv, DecodeCodes<F>(df, codes, e), p0);
+      p1 = hn::MulAdd(qv, DecodeCodes<F>(df, codes + stride, e), p1);
+      p2 = hn::MulAdd(qv, DecodeCodes<F>(df, codes + 2 * stride, e), p2);
+      p3 = hn::MulAdd(qv, DecodeCodes<F>(df, codes + 3 * stride, e), p3);
+    }
+    a0 = hn::MulAdd(hn::Set(df, scales[g]), p0, a0);
+    a1 = hn::MulAdd(hn::Set(df, scales[groups + g]), p1, a1);
+    a2 = hn::MulAdd(hn::Set(df, scales[2 * groups + g]), p2, a2);
+    a3 = hn::MulAdd(hn::Set(df, scales[3 * groups + g]), p3, a3);
+  }
+  StoreSumsOfFour(df, a0, a1, a2, a3, out);
+}
+
 // q·k̂ for one row (`scales`: its decoded scales).
 template <KVFormat F>
 HWY_INLINE float DotQuantized(const float* HWY_RESTRICT q, const uint8_t* HWY_RESTRICT k,
@@ -242,57 +275,82 @@ HWY_INLINE float DotQuantized(const float* HWY_RESTRICT q, const uint8_t* HWY_RE
   return hn::GetLane(hn::SumOfLanes(df, acc)) + tail;
 }
 
-// s[j] = q·k̂_j for `count` rows `stride` bytes apart: scales decoded once, then four keys at a
-// time (`prefetch(j)` is called before each group of four).
-template <KVFormat F, typename Prefetch>
+// s[j] = q·k̂_j for `count` rows `stride` bytes apart: scales decoded once (which requests the
+// rows ahead), then four keys at a time.
+template <KVFormat F>
 void DotQuantizedRun(const float* HWY_RESTRICT q, const uint8_t* HWY_RESTRICT keys, int64_t stride,
-                     int64_t count, int64_t dim, int64_t group, float* HWY_RESTRICT s,
-                     Prefetch&& prefetch) {
+                     int64_t count, int64_t dim, int64_t group, float* HWY_RESTRICT s) {
   const int64_t groups = (dim + group - 1) / group;
   float* scales = ScaleBuffer(count * groups);
   DecodeScales<F>(keys, stride, count, groups, scales);
   int64_t j = 0;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+  const bool whole_groups = group == 32 && dim % 32 == 0 && 32 % lanes == 0;
   for (; j + 4 <= count; j += 4) {
-    prefetch(j);
-    DotFourQuantized<F>(q, keys + j * stride, stride, dim, group, scales + j * groups, s + j);
+    if (whole_groups) {
+      DotFourGroups32<F>(q, keys + j * stride, stride, groups, scales + j * groups, s + j);
+    } else {
+      DotFourQuantized<F>(q, keys + j * stride, stride, dim, group, scales + j * groups, s + j);
+    }
   }
   for (; j < count; ++j) {
     s[j] = DotQuantized<F>(q, keys + j * stride, dim, group, scales + j * groups);
   }
 }
 
-// out[e] += Σ_j weights[j·groups + g(e)]·decode(v_j[e]) for e in [e0, e0 + kVectors·N): the output
-// vectors stay in registers across the keys; keys of weight w[j] = 0 are skipped (a hidden key's
-// row is never read). Each vector's group and code offset are found once, not per key.
+// out[e] += Σ_j weights[j·groups + g(e)]·decode(v_j[e]) for e in [e0, e0 + kVectors·N), where
+// g(e) = e / 32 (q4) or 0 (the other formats: a value row is one group). The output vectors stay
+// in registers across the keys; keys of weight w[j] = 0 are skipped (a hidden key's row is never
+// read). e0 is a multiple of 32 for q4 (kVectors·N is too), so every vector's group and nibble
+// half are known at compile time: per key, one broadcast per group and a decode and FMA per vector.
 template <KVFormat F, int kVectors>
 HWY_INLINE void AccumulateQuantizedVectors(const uint8_t* HWY_RESTRICT v, int64_t stride,
-                                           int64_t count, int64_t e0, int64_t groups, int64_t group,
+                                           int64_t count, int64_t e0, int64_t groups,
                                            const float* HWY_RESTRICT w,
                                            const float* HWY_RESTRICT weights,
                                            float* HWY_RESTRICT out) {
   const hn::ScalableTag<float> df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  constexpr bool kGroups32 = F == KVFormat::q4;
   hn::Vec<decltype(df)> acc[kVectors];
-  int64_t group_of[kVectors], codes_at[kVectors], lane_at[kVectors];  // per vector, once
-  for (int x = 0; x < kVectors; ++x) {
-    acc[x] = hn::LoadU(df, out + e0 + x * N);
-    const int64_t e = e0 + x * N;
-    group_of[x] = e / group;
-    codes_at[x] = 2 * groups + CodeOffset<F>(group_of[x] * group);
-    lane_at[x] = e - group_of[x] * group;
-  }
-  for (int64_t j = 0; j < count; ++j, v += stride, weights += groups) {
+  for (int x = 0; x < kVectors; ++x) acc[x] = hn::LoadU(df, out + e0 + x * N);
+  const uint8_t* codes = v + 2 * groups + CodeOffset<F>(e0);
+  const float* row_weights = weights + (kGroups32 ? e0 / 32 : 0);
+  for (int64_t j = 0; j < count; ++j, codes += stride, row_weights += groups) {
     if (w[j] == 0.0f) continue;
+    const auto whole = hn::Set(df, row_weights[0]);
     for (int x = 0; x < kVectors; ++x) {
-      acc[x] = hn::MulAdd(hn::Set(df, weights[group_of[x]]),
-                          DecodeCodes<F>(df, v + codes_at[x], lane_at[x]), acc[x]);
+      const int64_t e = x * N;  // from e0; for q4 its group is e / 32 and its lane e % 32
+      const auto weight = kGroups32 ? hn::Set(df, row_weights[e / 32]) : whole;
+      const auto decoded = kGroups32 ? DecodeCodes<F>(df, codes + e / 32 * 16, e % 32)
+                                     : DecodeCodes<F>(df, codes, e);
+      acc[x] = hn::MulAdd(weight, decoded, acc[x]);
     }
   }
   for (int x = 0; x < kVectors; ++x) hn::StoreU(acc[x], df, out + e0 + x * N);
 }
 
+// weights[j·groups + g] *= w[j]: each row's scales join its weight once (0 stays 0: finite).
+HWY_INLINE void ScaleWeights(const float* HWY_RESTRICT w, int64_t count, int64_t groups,
+                             float* HWY_RESTRICT weights) {
+  if (groups != 1) {
+    for (int64_t j = 0; j < count; ++j) {
+      for (int64_t g = 0; g < groups; ++g) weights[j * groups + g] *= w[j];
+    }
+    return;
+  }
+  const hn::ScalableTag<float> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t j = 0;
+  for (; j + N <= count; j += N) {
+    hn::StoreU(hn::Mul(hn::LoadU(df, weights + j), hn::LoadU(df, w + j)), df, weights + j);
+  }
+  for (; j < count; ++j) weights[j] *= w[j];
+}
+
 // out[e] += Σ_j w[j]·v̂_j[e] over `count` rows `stride` bytes apart and every column: each row's
-// scales join its weight once (w_j·s_jg), then each element is one sum over j in order.
+// scales join its weight once (w_j·s_jg), then each element is one sum over j in order, in blocks
+// of 8, 4, 2 and 1 vectors (q4 rows are multiples of 32 elements, so its blocks start at one).
 template <KVFormat F>
 void AccumulateQuantized(const uint8_t* HWY_RESTRICT v, int64_t stride, int64_t count,
                          int64_t value_dim, int64_t group, const float* HWY_RESTRICT w,
@@ -301,17 +359,24 @@ void AccumulateQuantized(const uint8_t* HWY_RESTRICT v, int64_t stride, int64_t 
   const int64_t groups = (value_dim + group - 1) / group;
   float* weights = ScaleBuffer(count * groups);
   DecodeScales<F>(v, stride, count, groups, weights);
-  for (int64_t j = 0; j < count; ++j) {
-    for (int64_t g = 0; g < groups; ++g) weights[j * groups + g] *= w[j];  // 0 stays 0 (finite)
-  }
+  ScaleWeights(w, count, groups, weights);
   int64_t e = 0;
-  for (; e + 4 * N <= value_dim; e += 4 * N) {
-    AccumulateQuantizedVectors<F, 4>(v, stride, count, e, groups, group, w, weights, out);
+  for (; e + 8 * N <= value_dim; e += 8 * N) {
+    AccumulateQuantizedVectors<F, 8>(v, stride, count, e, groups, w, weights, out);
   }
-  for (; e + N <= value_dim; e += N) {
-    AccumulateQuantizedVectors<F, 1>(v, stride, count, e, groups, group, w, weights, out);
+  if (e + 4 * N <= value_dim) {
+    AccumulateQuantizedVectors<F, 4>(v, stride, count, e, groups, w, weights, out);
+    e += 4 * N;
   }
-  for (; e < value_dim; ++e) {
+  if (e + 2 * N <= value_dim) {
+    AccumulateQuantizedVectors<F, 2>(v, stride, count, e, groups, w, weights, out);
+    e += 2 * N;
+  }
+  if (e + N <= value_dim) {
+    AccumulateQuantizedVectors<F, 1>(v, stride, count, e, groups, w, weights, out);
+    e += N;
+  }
+  for (; e < value_dim; ++e) {  // past the last whole vector (not q4: its rows are whole groups)
     const int64_t g = e / group;
     float sum = out[e];
     for (int64_t j = 0; j < count; ++j) {
