@@ -101,22 +101,6 @@ struct TileSource {
   int64_t after_count = 0;
 };
 
-// The run of a paged cache that starts at key j, read in place.
-RowSource PagedRun(const Problem& p, bool keys, int64_t b, int64_t g, int64_t j) {
-  const KVPages& pages = *p.pages;
-  const bool quantized = is_quantized(pages.format);
-  const DType dtype = quantized ? DType::f32 : kv_format_dtype(pages.format);
-  const int64_t element = static_cast<int64_t>(dtype_size(dtype));
-  const int64_t bytes = pages.run_stride(keys, b, j);
-  return {pages.row(keys, b, g, j),
-          dtype,
-          pages.format,
-          bytes / element,
-          bytes,
-          pages.row_bytes(keys),
-          kv_group_size(pages.format, keys, keys ? p.head_dim : p.value_dim)};
-}
-
 TileSource SourceTile(const Problem& p, bool keys, int64_t b, int64_t g, int64_t j0, int64_t count,
                       int64_t k_end, float* buffer) {
   TileSource tile;
@@ -128,17 +112,31 @@ TileSource SourceTile(const Problem& p, bool keys, int64_t b, int64_t g, int64_t
     return tile;
   }
   const KVPages& pages = *p.pages;
-  for (int64_t j = j0; j < j0 + count; tile.count++) {
-    const int64_t end = pages.run_end(b, j, j0 + count);
-    tile.runs[tile.count] = PagedRun(p, keys, b, g, j);
-    tile.first[tile.count + 1] = end - j0;
-    j = end;
-  }
+  RowSource shape;
+  shape.format = pages.format;
+  shape.dtype = is_quantized(pages.format) ? DType::f32 : kv_format_dtype(pages.format);
+  shape.width_bytes = pages.row_bytes(keys);
+  shape.group = kv_group_size(pages.format, keys, width);
+  const int64_t element = static_cast<int64_t>(dtype_size(shape.dtype));
+  const auto run_at = [&](const uint8_t* row, int64_t stride) {
+    RowSource run = shape;
+    run.base = row;
+    run.row_bytes = stride;
+    run.stride = stride / element;
+    return run;
+  };
+  pages.for_each_run(keys, b, g, j0, j0 + count,
+                     [&](const uint8_t* row, int64_t, int64_t end, int64_t stride) {
+                       tile.runs[tile.count] = run_at(row, stride);
+                       tile.first[++tile.count] = end - j0;
+                     });
   const int64_t next = j0 + kTileK;
-  if (next < k_end && next < pages.held(b)) {
-    const int64_t end = pages.run_end(b, next, std::min(k_end, next + kTileK));
-    tile.after = PagedRun(p, keys, b, g, next);
-    tile.after_count = end - next;
+  if (next < std::min(k_end, pages.held(b))) {  // the next tile's first run
+    pages.for_each_run(keys, b, g, next, pages.run_end(b, next, std::min(k_end, next + kTileK)),
+                       [&](const uint8_t* row, int64_t, int64_t end, int64_t stride) {
+                         tile.after = run_at(row, stride);
+                         tile.after_count = end - next;
+                       });
   }
   return tile;
 }
@@ -293,7 +291,13 @@ void PrefetchNextRun(const TileSource& tile, int r, int64_t rows) {
   const RowSource& next = inside ? tile.runs[r + 1] : tile.after;
   const int64_t count = inside ? tile.first[r + 2] - tile.first[r + 1] : tile.after_count;
   if (next.row_bytes == 0) return;
-  for (int64_t j = 0; j < std::min(rows, count); ++j) PrefetchSourceRow(next, j);
+  const int64_t n = std::min(rows, count);
+  if (next.row_bytes == next.width_bytes) {  // rows back to back: their lines, each once
+    const auto* first = static_cast<const uint8_t*>(next.base);
+    for (int64_t byte = 0; byte < n * next.row_bytes; byte += 64) hwy::Prefetch(first + byte);
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j) PrefetchSourceRow(next, j);
 }
 
 HWY_INLINE void PrefetchAhead(const RowSource& k, int64_t j, int64_t count) {

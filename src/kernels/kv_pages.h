@@ -56,6 +56,27 @@ struct KVPages {
     if (j >= held(b)) return end;
     return std::min(end, (j / block_size + 1) * block_size);
   }
+  // Calls fn(first row, first key, end key, bytes between rows) for each run of [j, end): runs
+  // after the first start at a block's edge, so one division finds them all (a row kernel's tile
+  // over blocks of 16 is four runs, and a division per run showed in its profile).
+  template <typename Fn>
+  void for_each_run(bool keys, int64_t b, int64_t g, int64_t j, int64_t end, Fn&& fn) const {
+    const int64_t held_end = std::min(end, held(b));
+    int64_t block = j / block_size, offset = j - block * block_size;
+    const uint8_t* pool = keys ? key_pool : value_pool;
+    const int64_t block_bytes = keys ? key_block_bytes : value_block_bytes;
+    const int64_t head = g * (keys ? key_head_bytes : value_head_bytes);
+    const int64_t position = position_bytes(keys);
+    while (j < held_end) {
+      const int64_t run_end = std::min(held_end, (block + 1) * block_size);
+      fn(pool + table[b * table_stride + block] * block_bytes + head + offset * position, j,
+         run_end, position);
+      j = run_end;
+      ++block;
+      offset = 0;
+    }
+    if (j < end) fn(zero_row, j, end, int64_t{0});
+  }
   // Bytes between the rows of the run starting at j.
   int64_t run_stride(bool keys, int64_t b, int64_t j) const {
     return j >= held(b) ? 0 : position_bytes(keys);
