@@ -97,6 +97,22 @@ def check_out(out, name, shape_bhld, layout):
     return view
 
 
+def output_views(q, shape, layout, out, element, return_lse):
+    """O for a forward call — a new array in q's framework, or the caller's ``out`` checked —
+    and its core view; with ``return_lse`` also LSE [B, Hq, Lq] float32 and its view (else
+    None, None)."""
+    if out is None:
+        result, out_view = new_output(q, shape, layout)
+    else:
+        result = out
+        out_view, _ = core_view(check_out(out, "out", shape, layout), "out", element)
+    lse = lse_view = None
+    if return_lse:
+        lse = empty_like_framework(q, shape[:3], "float32")
+        lse_view = core_view(lse, "lse", "")[0]
+    return result, out_view, lse, lse_view
+
+
 def attention(
     q,
     k,
@@ -149,15 +165,7 @@ def attention(
     rank4_shape(kb, "k", "[B,Hkv,Lk,D]")
     value_dim = rank4_shape(vb, "v", "[B,Hkv,Lk,Dv]")[3]
     shape = (batch, heads, q_len, value_dim)
-    if out is None:
-        result, out_view = new_output(q, shape, layout)
-    else:
-        result = out
-        out_view, _ = core_view(check_out(out, "out", shape, layout), "out", element)
-    lse = lse_view = None
-    if return_lse:
-        lse = empty_like_framework(q, (batch, heads, q_len), "float32")
-        lse_view = core_view(lse, "lse", "")[0]
+    result, out_view, lse, lse_view = output_views(q, shape, layout, out, element, return_lse)
     _core.attention(
         qb, kb, vb, out_view, mask, mods, lse_view, scale, threads_arg(threads), kernel, products,
         check_finite, element, frame_values(frame), bool(count_sinks), **dropout.core_args(),

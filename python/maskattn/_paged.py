@@ -13,8 +13,8 @@ from __future__ import annotations
 import numbers
 
 from . import _core
-from ._api import check_mask_mods_scale, input_views, rank4_shape, check_out
-from ._arrays import Error, core_view, empty_like_framework, element_tag, new_output, threads_arg
+from ._api import check_mask_mods_scale, input_views, output_views, rank4_shape
+from ._arrays import Error, core_view, element_tag, threads_arg
 
 __all__ = ["PagedKVCache", "attention_paged", "KV_FORMATS"]
 
@@ -98,15 +98,7 @@ def attention_paged(
     ids = _id_list(sequences, "sequences", batch)
     lengths = [] if query_lengths is None else _id_list(query_lengths, "query_lengths", batch)
     shape = (batch, heads, q_len, cache.value_dim)
-    if out is None:
-        result, out_view = new_output(q, shape, layout)
-    else:
-        result = out
-        out_view, _ = core_view(check_out(out, "out", shape, layout), "out", element)
-    lse = lse_view = None
-    if return_lse:
-        lse = empty_like_framework(q, (batch, heads, q_len), "float32")
-        lse_view = core_view(lse, "lse", "")[0]
+    result, out_view, lse, lse_view = output_views(q, shape, layout, out, element, return_lse)
     _core.attention_paged(
         qb, cache, ids, out_view, lengths, mask, mods, lse_view, scale, threads_arg(threads),
         kernel, element,
