@@ -37,7 +37,7 @@ import math
 import torch
 
 from ._core import Error, Mask
-from ._api import attention as _attention
+from ._varlen import attention_varlen as _attention_varlen
 from ._torch_kvcache import attention_with_kvcache
 
 try:
@@ -91,30 +91,32 @@ def _decode(query, key, value, scaling, window, mods, kwargs):
 
 
 def _varlen(query, key, value, scaling, window, mods, kwargs):
-    """The index form: one call per request on its slices of the packed rows (views), queries at
-    the end of its keys."""
+    """The index form: one varlen call over the packed rows (views, no copies), each request's
+    queries at the end of its keys (varlen's causal is bottom-right per sequence), bit for bit
+    what one call per request gives (docs/semantics.md §19)."""
     cu_q = _boundaries(kwargs["cu_seq_lens_q"], "cu_seq_lens_q")
     cu_k = _boundaries(kwargs["cu_seq_lens_k"], "cu_seq_lens_k")
     if len(cu_q) != len(cu_k) or cu_q[-1] > query.shape[2] or cu_k[-1] > key.shape[2]:
         raise Error(
             f"maskattn attention backend: cu_seq_lens_q {cu_q} and cu_seq_lens_k {cu_k} do not "
             f"describe query {list(query.shape)} and key {list(key.shape)}")
+    for s in range(len(cu_q) - 1):
+        if cu_q[s + 1] - cu_q[s] > cu_k[s + 1] - cu_k[s]:
+            raise Error(
+                f"maskattn attention backend: request {s} has {cu_q[s + 1] - cu_q[s]} queries "
+                f"but {cu_k[s + 1] - cu_k[s]} keys (cu_seq_lens_q {cu_q}, cu_seq_lens_k "
+                f"{cu_k}); its keys include its queries' own")
     mask = Mask().causal()
     if window[0] >= 0:
         mask = mask & Mask().sliding_window(window[0] + 1)
-    q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # [1, T, H, D] views
+    # [1, H, T, D] -> packed [T, H, D] views of the rows the boundaries cover.
+    q, k, v = (x[0].transpose(0, 1)[:end] for x, end in
+               ((query, cu_q[-1]), (key, cu_k[-1]), (value, cu_k[-1])))
+    packed = _attention_varlen(q, k, v, cu_q, cu_k, mask=mask, mods=mods, scale=scaling)
+    if cu_q[-1] == query.shape[2]:
+        return packed.unsqueeze(0)
     out = torch.zeros((1, query.shape[2], query.shape[1], value.shape[3]), dtype=query.dtype)
-    for s in range(len(cu_q) - 1):
-        (q0, q1), (k0, k1) = (cu_q[s], cu_q[s + 1]), (cu_k[s], cu_k[s + 1])
-        if q1 == q0:
-            continue
-        if q1 - q0 > k1 - k0:
-            raise Error(
-                f"maskattn attention backend: request {s} has {q1 - q0} queries but {k1 - k0} "
-                f"keys (cu_seq_lens_q {cu_q}, cu_seq_lens_k {cu_k}); its keys include its "
-                f"queries' own")
-        _attention(q[:, q0:q1], k[:, k0:k1], v[:, k0:k1], mask, mods, scale=scaling,
-                   layout="blhd", out=out[:, q0:q1])
+    out[0, :cu_q[-1]] = packed
     return out
 
 

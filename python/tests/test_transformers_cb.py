@@ -196,6 +196,33 @@ def dense_f64(q, rows, lengths, causal=True, window=None, softcap=None):
     return torch.stack(outs)
 
 
+@pytest.mark.parametrize("window", [None, 5])
+def test_packed_prefill_is_one_call_per_request_bitwise(window):
+    """The index form (prefill and mixed batches) runs one varlen call; each request's rows are
+    bit for bit maskattn.attention on its own rows (queries at the end of its keys), a request
+    with no new tokens writes nothing, and rows past cu_seq_lens_q[-1] are 0."""
+    generator = torch.Generator().manual_seed(3)
+    cu_q, cu_k = [0, 5, 5, 6, 14], [0, 9, 12, 19, 27]  # request 1 brings no queries
+    q = torch.randn(1, 4, 16, 8, generator=generator)  # two rows past cu_q[-1]
+    k = torch.randn(1, 2, 27, 8, generator=generator)
+    v = torch.randn(1, 2, 27, 8, generator=generator)
+    kwargs = {"cu_seq_lens_q": torch.tensor(cu_q, dtype=torch.int32),
+              "cu_seq_lens_k": torch.tensor(cu_k, dtype=torch.int32)}
+    out = cb_module.continuous_batching_forward(q, k, v, 0.3, window, None, kwargs)
+    assert out.shape == (1, 16, 4, 8)
+    mask = maskattn.Mask().causal()
+    if window:
+        mask = mask & maskattn.Mask().sliding_window(window)
+    for s in range(4):
+        (q0, q1), (k0, k1) = (cu_q[s], cu_q[s + 1]), (cu_k[s], cu_k[s + 1])
+        if q1 == q0:
+            continue
+        alone = maskattn.attention(q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], mask,
+                                   scale=0.3)
+        assert torch.equal(out[0, q0:q1], alone[0].transpose(0, 1))
+    assert torch.count_nonzero(out[0, 14:]) == 0
+
+
 @pytest.mark.parametrize("q_len", [1, 3, 70])
 def test_attention_with_kvcache_bitwise_equal_to_attention_paged(q_len):
     lengths = [90, 77, 129]
