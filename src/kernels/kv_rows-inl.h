@@ -17,7 +17,10 @@
 //   e4m3   the same f16 bits after moving the sign (s eeee mmm → s 0eeee mmm 0000000) are the value
 //          times 2⁻⁸ (exponent bias 15 instead of 7, subnormals included): the 2⁸ joins the scale;
 //   q4     nibbles zero-extended, minus 8 (the low nibbles of a group's 16 bytes are elements
-//          0–15, the high ones 16–31).
+//          0–15, the high ones 16–31); with 16-float vectors one vpermps looks n − 8 up.
+// Scales are copied out of a run's rows next to each other and widened N at a time (F16C); the
+// key loop for rows of whole groups of 32 is unrolled with every offset known at compile time,
+// and the value loop keeps up to 8 output vectors in registers: per element, a decode and an FMA.
 // Lanes never straddle a group: groups are 32 elements or a whole row, and a vector is ≤ 16
 // floats; a whole-row group's last partial vector is finished by scalar code.
 #if defined(MASKATTN_KERNELS_KV_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
