@@ -8,17 +8,17 @@
 //     [ scale_0 … scale_{G−1} : f16 ][ codes ]        G = ⌈width / group⌉ groups
 //
 // Group g covers the elements [g·group, min((g+1)·group, width)) and its value is
-// x̂ = scale_g · decode(code). Keys are grouped by 32 channels (a key's outlier channels, which KIVI
-// found in every layer, then only coarsen their own group); values by the whole row (one scale per
-// token and head, as KIVI recommends for values); q4 groups both by 32 (llama.cpp's q4_0).
+// x̂ = scale_g · decode(code). Keys are grouped by 32 channels (the outlier channels KIVI found in
+// the keys of large LLMs then only coarsen their own group); values by the whole row (one scale per
+// token and head, as KIVI recommends for values); q4 groups both by 32 (llama.cpp's q4_0). What
+// these choices do on trained models is measured in docs/semantics.md §18 (bench/kv_group_study).
 //
 //   int8      code ∈ [−127, 127], decode = code; scale = amax / 127, rounded up to an f16
 //   fp8_e4m3  OCP E4M3 (bias 7, no infinities, max 448); scale = amax / 448, rounded up
-//   fp8_e5m2  OCP E5M2 (bias 15, the top byte of an f16, max 57344); scale = amax / 57344, rounded
-//   up q4        4-bit code n, decode = n − 8 ∈ [−8, 7]; scale = m / −8 with m the group's element
-//   of
-//             largest magnitude, rounded away from 0; two codes per byte,
-//             byte i of a group of 32 holding element i (low nibble) and element i + 16 (high)
+//   fp8_e5m2  OCP E5M2 (bias 15, an f16's top byte, max 57344); scale = amax / 57344, rounded up
+//   q4        4-bit code n, decode = n − 8 ∈ [−8, 7]; scale = m / −8 with m the group's element
+//             of largest magnitude, rounded away from 0; two codes per byte, byte i of a group
+//             of 32 holding element i (low nibble) and element i + 16 (high)
 //
 // Rounding the scale up (in magnitude) keeps every |x / scale| inside the code range, so no code
 // saturates except q4's +8 (→ 7). Bounds on |x − x̂| per element (s = the group's scale):
