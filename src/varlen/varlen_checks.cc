@@ -4,6 +4,7 @@
 // The offsets are FlashAttention's: cu_seqlens_q = [0, Lq_0, Lq_0 + Lq_1, …, total_q]. A
 // malformed array would make sequences overlap or leave rows unowned (and unwritten), so every
 // property is checked, with the index of the first entry that breaks it.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <variant>
@@ -108,7 +109,7 @@ void check_padding_value(const component::Padding& padding, int64_t i, int64_t l
               "); in a varlen call lengths and starts count the sequence's own tokens");
 }
 
-void check_sequence_values(const Mask& mask, const Varlen& varlen) {
+void check_sequence_values(const Mask& mask, const Varlen& varlen, int64_t only) {
   using Form = component::Padding::Form;
   for (const Component& c : mask.components()) {
     const auto* padding = std::get_if<component::Padding>(&c);
@@ -117,7 +118,7 @@ void check_sequence_values(const Mask& mask, const Varlen& varlen) {
       continue;
     }
     const auto& cu = padding->side == Side::query ? varlen.cu_seqlens_q : varlen.cu_seqlens_k;
-    for (int64_t i = 0; i < varlen.batch(); ++i)
+    for (int64_t i = std::max<int64_t>(only, 0); i < (only < 0 ? varlen.batch() : only + 1); ++i)
       check_padding_value(*padding, i, cu[i + 1] - cu[i]);
   }
 }
