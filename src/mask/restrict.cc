@@ -22,6 +22,10 @@
 //   - dense arrays (keep, blocked, additive, the bias) and block-sparse layouts, which broadcast
 //     against [B, Hq, Lq, Lk] (a layout against its block grid), take entry i on their batch axis
 //     when they have one of size > 1, and cut their query and key axes unless those broadcast;
+//   - a draft tree's parents [B, T] become row i ([1, T], every sequence's tree, is kept): the
+//     draft is then the sequence's own last T keys and queries (docs/semantics.md §3), as causal
+//     is aligned at its own end; the caller checks first that each sequence holds T keys (varlen:
+//     E138);
 //   - what sees the batch index (predicates, score_fn, programs) sees b = i: callables are
 //     wrapped, programs that read b are recompiled with b replaced by (b + i).
 #include <algorithm>
@@ -200,6 +204,8 @@ void add_restricted(Mask& out, const Component& c, int64_t i, int64_t lq, int64_
                   predicate->name);
   } else if (const auto* program = std::get_if<mc::ProgramMask>(&c)) {
     out.program(shift_batch(program->program, i));
+  } else if (const auto* tree = std::get_if<mc::Tree>(&c)) {
+    out.tree(cut_row(tree->parents, i, tree->size()), tree->heads);
   }
 }
 

@@ -12,8 +12,8 @@
 
 namespace maskattn::detail {
 
-// Entry i, lq queries and lk keys. Lengths and starts are taken as they are: the caller checks
-// that they fit the entry (a varlen call: E138).
+// Entry i, lq queries and lk keys. Lengths and starts are taken as they are, and a tree's draft as
+// the entry's last T keys: the caller checks that they fit the entry (a varlen call: E138).
 Mask restrict_mask(const Mask& mask, int64_t i, int64_t lq, int64_t lk);
 ScoreMods restrict_mods(const ScoreMods& mods, int64_t i, int64_t lq, int64_t lk);
 // whole += part, where part is ∂L/∂(the bias restricted to entry i) and whole ∂L/∂bias, both

@@ -24,8 +24,8 @@ void check_offsets(const Varlen& varlen, int64_t total_q, int64_t total_k);
 void check_packed(const TensorView& t, const char* name, const char* layout);
 // Entry i of a lengths or starts component fits its sequence's `length` (E138).
 void check_padding_value(const component::Padding& padding, int64_t i, int64_t length);
-// The mask's lengths and starts fit each sequence (E138), checked before anything is written;
-// with `only` ≥ 0, sequence `only` alone.
+// The mask's lengths and starts, and its draft trees, fit each sequence (E138), checked before
+// anything is written; with `only` ≥ 0, sequence `only` alone.
 void check_sequence_values(const Mask& mask, const Varlen& varlen, int64_t only = -1);
 // The checks every varlen call makes on q, k, v, the offsets and the options; returns the packed
 // problem as one [1, Hq, total_q, D] call (its sizes, and the library's checks of the tensors).
