@@ -83,7 +83,7 @@ void attention_paged(const TensorView& q, const PagedKVCache& cache,
   const PagedBatch batch = batch_of(q, cache, sequences, query_lengths);
   detail::PagedCall call;
   call.per_sequence = detail::tree_per_sequence(mask, batch.lengths, batch.query_lengths, q.size(2),
-                                                options.frame, "attention_paged");
+                                                options.frame, "attention_paged", &sequences);
   call.queries = batch.query_lengths;
   KVPages& pages = call.pages;
   pages.format = cache.format();

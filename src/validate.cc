@@ -49,6 +49,19 @@ void require_finite_or_minus_inf(const Array<float>& values, const std::string& 
   }
 }
 
+// "sequences[b] = id holds L positions" (a PagedKVCache call) or "lengths[b] = L".
+std::string sequence_length(const std::vector<int64_t>& lengths, size_t b,
+                            const std::vector<int64_t>* sequences) {
+  std::string text = sequences != nullptr ? "sequences[" : "lengths[";
+  text += std::to_string(b);
+  text += "] = ";
+  if (sequences == nullptr) return text + std::to_string(lengths[b]);
+  text += std::to_string((*sequences)[b]);
+  text += " holds ";
+  text += std::to_string(lengths[b]);
+  return text + " positions";
+}
+
 }  // namespace
 
 void require_view(const TensorView& t, int rank, const std::string& name, const char* layout) {
@@ -237,7 +250,7 @@ void check_finite_inputs(const Problem& p, const Mask& mask, const ScoreMods& mo
 
 bool tree_per_sequence(const Mask& mask, const std::vector<int64_t>& lengths,
                        const std::vector<int64_t>& query_lengths, int64_t q_len, const Frame& frame,
-                       const char* who) {
+                       const char* who, const std::vector<int64_t>* sequences) {
   bool any_tree = false;
   for (size_t n = 0; n < mask.components().size(); ++n) {
     const auto* tree = std::get_if<component::Tree>(&mask.components()[n]);
@@ -245,9 +258,9 @@ bool tree_per_sequence(const Mask& mask, const std::vector<int64_t>& lengths,
     any_tree = true;
     for (size_t b = 0; b < lengths.size(); ++b) {
       if (lengths[b] >= tree->size()) continue;
-      throw Error(std::string(who) + ": sequence " + std::to_string(b) + " has length " +
-                  std::to_string(lengths[b]) + ", fewer positions than the " +
-                  std::to_string(tree->size()) + " draft tokens of " + mask.labels()[n] +
+      throw Error(std::string(who) + ": " + sequence_length(lengths, b, sequences) +
+                  ", fewer than the " + std::to_string(tree->size()) + " draft tokens of " +
+                  mask.labels()[n] +
                   ": each sequence's draft is its own last T positions, already appended");
     }
   }

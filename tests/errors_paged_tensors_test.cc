@@ -106,8 +106,8 @@ TEST(Errors, E148_PagedTensorsDraftTrees) {
   Pages p;
   EXPECT_MASKATTN_ERROR(
       attention_paged(p.qv(), p.view(), p.ov(), {}, Mask().tree({-1, 0, 1, 2, 3, 4})),
-      "attention_paged(PagedTensors): sequence 1 has length 5, fewer positions than the 6 draft "
-      "tokens of tree[6]");
+      "attention_paged(PagedTensors): lengths[1] = 5, fewer than the 6 draft tokens of tree[6]: "
+      "each sequence's draft is its own last T positions, already appended");
   EXPECT_EQ(p.out[0], -7.0f);
 }
 

@@ -109,7 +109,7 @@ TEST(Errors, E148_PagedDraftTrees) {
   const Mask tree = Mask().tree(Array<int64_t>({2, 3}, {-1, 0, 1, -1, -1, 0}));
   EXPECT_MASKATTN_ERROR(
       attention_paged(qv, cache, {s, t}, ov, {2, 2}, tree),
-      "attention_paged: sequence 1 has length 2, fewer positions than the 3 draft tokens of "
+      "attention_paged: sequences[1] = 1 holds 2 positions, fewer than the 3 draft tokens of "
       "tree[2,3]: each sequence's draft is its own last T positions, already appended");
   Options framed;
   framed.frame = Frame{0, 0, 2, 5};

@@ -179,6 +179,6 @@ def test_a_tree_over_a_ragged_batch_is_each_sequences_own(format_):
 def test_a_tree_needs_every_sequence_to_hold_its_draft():
     cache, ids = filled("f32", [9, 3], heads=1, dim=8)
     q = np.zeros((2, 1, 2, 8), np.float32)
-    with pytest.raises(ma.Error, match="attention_paged: sequence 1 has length 3, fewer positions "
-                                       r"than the 4 draft tokens of tree\[4\]"):
+    with pytest.raises(ma.Error, match=r"attention_paged: sequences\[1\] = 1 holds 3 positions, "
+                                       r"fewer than the 4 draft tokens of tree\[4\]"):
         ma.attention_paged(q, cache, ids, mask=ma.Mask().tree([-1, 0, 1, 2]))
