@@ -81,8 +81,10 @@ void attention_paged(const TensorView& q, const PagedKVCache& cache,
                      const ScoreMods& mods, const Options& options, const MutableTensorView& lse) {
   detail::require_view(q, 4, "q", "[B,Hq,Lq,D]");
   const PagedBatch batch = batch_of(q, cache, sequences, query_lengths);
-  detail::require_tree_fits(mask, batch.lengths, batch.query_lengths, q.size(2), "attention_paged");
   detail::PagedCall call;
+  call.per_sequence = detail::tree_per_sequence(mask, batch.lengths, batch.query_lengths, q.size(2),
+                                                options.frame, "attention_paged", &sequences);
+  call.queries = batch.query_lengths;
   KVPages& pages = call.pages;
   pages.format = cache.format();
   pages.key_pool = cache.key_pool();

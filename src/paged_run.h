@@ -4,6 +4,10 @@
 // never the pool), the output checks, and the run — the fused kernel through the pages, or
 // Kernel::reference on the rows decoded below each sequence's length into dense f32 tensors (so
 // whatever a pool holds past a sequence's end never reaches the oracle).
+//
+// A draft tree over a ragged batch (docs/semantics.md §18) runs one sequence at a time: each
+// sequence's draft is its own last T positions, which one call cannot place (a tree sits in the
+// call's last rows, §3). See run_paged.
 #pragma once
 
 #include <string>
@@ -21,9 +25,17 @@ struct PagedCall {
   std::string values;  // how messages name where Dv comes from, e.g. "values [4,16,2,8]"
   // Inputs besides q that `out` must not overlap, with their names.
   std::vector<std::pair<TensorView, const char*>> inputs;
+  std::vector<int64_t> queries;  // [B] each sequence's query count
+  bool per_sequence = false;     // tree_per_sequence() (validate.h) said so
 };
 
-// `placed` is the caller's mask with each sequence's queries placed at its own end.
+// `placed` is the caller's mask with each sequence's queries placed at its own end. With
+// call.per_sequence, sequence b runs as attention_paged() on it alone would: q's rows
+// [0, queries[b]) of entry b against its pages, `placed` and `mods` restricted to entry b
+// (mask/restrict.h), Dropout::batch_offset + b; its rows past queries[b] are written as a fully
+// hidden row's (O = 0, LSE −inf or the sink). Every check runs on the whole batch first. The
+// sequences are planned over the threads as varlen's are (core/parallel.h, plan_by_cost): a
+// call's bits do not depend on its thread count, so the plan never changes a result.
 void run_paged(const TensorView& q, PagedCall call, const Mask& placed, const ScoreMods& mods,
                const Options& options, const MutableTensorView& out, const MutableTensorView& lse);
 

@@ -156,8 +156,10 @@ void attention_paged(const TensorView& q, const PagedTensors& kv, const MutableT
   check_pools(q, kv);
   check_table(q.size(0), kv);
   const std::vector<int64_t> queries = query_counts(q, query_lengths);
-  detail::require_tree_fits(mask, kv.lengths, queries, q.size(2), kWho);
   detail::PagedCall call;
+  call.per_sequence =
+      detail::tree_per_sequence(mask, kv.lengths, queries, q.size(2), options.frame, kWho);
+  call.queries = queries;
   call.pages = pages_of(kv);
   call.kv_heads = kv.keys.size(2);
   call.head_dim = kv.keys.size(3);

@@ -49,6 +49,19 @@ void require_finite_or_minus_inf(const Array<float>& values, const std::string& 
   }
 }
 
+// "sequences[b] = id holds L positions" (a PagedKVCache call) or "lengths[b] = L".
+std::string sequence_length(const std::vector<int64_t>& lengths, size_t b,
+                            const std::vector<int64_t>* sequences) {
+  std::string text = sequences != nullptr ? "sequences[" : "lengths[";
+  text += std::to_string(b);
+  text += "] = ";
+  if (sequences == nullptr) return text + std::to_string(lengths[b]);
+  text += std::to_string((*sequences)[b]);
+  text += " holds ";
+  text += std::to_string(lengths[b]);
+  return text + " positions";
+}
+
 }  // namespace
 
 void require_view(const TensorView& t, int rank, const std::string& name, const char* layout) {
@@ -235,25 +248,35 @@ void check_finite_inputs(const Problem& p, const Mask& mask, const ScoreMods& mo
   }
 }
 
-void require_tree_fits(const Mask& mask, const std::vector<int64_t>& lengths,
-                       const std::vector<int64_t>& query_lengths, int64_t q_len, const char* who) {
-  bool tree = false;
-  for (const Component& component : mask.components()) {
-    tree |= std::holds_alternative<component::Tree>(component);
-  }
-  if (!tree || lengths.empty()) return;
-  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
-  for (size_t b = 0; b < lengths.size(); ++b) {
-    if (lengths[b] != longest || query_lengths[b] != q_len) {
-      throw Error(std::string(who) +
-                  ": a tree mask places its draft in the call's last rows, so every sequence "
-                  "must have the same length and Lq queries; sequence " +
-                  std::to_string(b) + " has length " + std::to_string(lengths[b]) + " and " +
-                  std::to_string(query_lengths[b]) + " queries, the longest " +
-                  std::to_string(longest) + " and Lq = " + std::to_string(q_len) +
-                  ": verify drafts of different lengths in separate calls");
+bool tree_per_sequence(const Mask& mask, const std::vector<int64_t>& lengths,
+                       const std::vector<int64_t>& query_lengths, int64_t q_len, const Frame& frame,
+                       const char* who, const std::vector<int64_t>* sequences) {
+  bool any_tree = false;
+  for (size_t n = 0; n < mask.components().size(); ++n) {
+    const auto* tree = std::get_if<component::Tree>(&mask.components()[n]);
+    if (tree == nullptr) continue;
+    any_tree = true;
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      if (lengths[b] >= tree->size()) continue;
+      throw Error(std::string(who) + ": " + sequence_length(lengths, b, sequences) +
+                  ", fewer than the " + std::to_string(tree->size()) + " draft tokens of " +
+                  mask.labels()[n] +
+                  ": each sequence's draft is its own last T positions, already appended");
     }
   }
+  if (!any_tree || lengths.empty()) return false;
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  bool ragged = false;
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    ragged |= lengths[b] != longest || query_lengths[b] != q_len;
+  }
+  if (ragged && !frame.is_whole()) {
+    throw Error(std::string(who) +
+                ": options.frame is set, but a tree mask over sequences of different lengths or "
+                "fewer than Lq queries runs each sequence alone (its draft at its own end), and a "
+                "frame slices one problem: call each sequence alone with its frame");
+  }
+  return ragged;
 }
 
 }  // namespace maskattn::detail

@@ -35,11 +35,15 @@ void require_finite(const TensorView& t, const std::string& name);
 // check_finite over q, k, v, the bias and additive masks.
 void check_finite_inputs(const Problem& p, const Mask& mask, const ScoreMods& mods);
 
-// A draft tree (Mask::tree) sits in the call's last rows (docs/semantics.md §3), not at each
-// sequence's own end: in a paged call it fits only when every sequence has the call's longest
-// length and Lq queries. Throws E148 (`who` names the call) otherwise.
-void require_tree_fits(const Mask& mask, const std::vector<int64_t>& lengths,
-                       const std::vector<int64_t>& query_lengths, int64_t q_len, const char* who);
+// A paged call with a draft tree (Mask::tree; docs/semantics.md §18): each sequence's draft is
+// its own last T positions, so every sequence must hold T of them. Returns whether the call runs
+// one sequence at a time (paged_run.h): when a tree meets sequences of different lengths, or with
+// fewer than Lq queries, one call would place the draft in its own last rows (§3) instead. Such a
+// call slices nothing, so it takes no frame. Throws E148 otherwise: `who` names the call, and
+// `sequences` the cache's ids of a PagedKVCache call (null: the caller's `lengths`).
+bool tree_per_sequence(const Mask& mask, const std::vector<int64_t>& lengths,
+                       const std::vector<int64_t>& query_lengths, int64_t q_len, const Frame& frame,
+                       const char* who, const std::vector<int64_t>* sequences = nullptr);
 
 // Resolves the mask and modifiers against the problem size, checks finiteness when asked, then
 // runs the kernel. Nothing is written before every check has passed.

@@ -100,5 +100,16 @@ TEST(Errors, E156_QueryLengthsOutsideLq) {
   EXPECT_EQ(p.out[0], -7.0f);
 }
 
+// The tree rule of attention_paged (E148) holds over caller-owned pages too: every sequence must
+// hold the draft's T positions.
+TEST(Errors, E148_PagedTensorsDraftTrees) {
+  Pages p;
+  EXPECT_MASKATTN_ERROR(
+      attention_paged(p.qv(), p.view(), p.ov(), {}, Mask().tree({-1, 0, 1, 2, 3, 4})),
+      "attention_paged(PagedTensors): lengths[1] = 5, fewer than the 6 draft tokens of tree[6]: "
+      "each sequence's draft is its own last T positions, already appended");
+  EXPECT_EQ(p.out[0], -7.0f);
+}
+
 }  // namespace
 }  // namespace maskattn

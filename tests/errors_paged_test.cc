@@ -95,5 +95,32 @@ TEST(Errors, E148_PagedSequencesAndCalls) {
   EXPECT_EQ(out[0], -7.0f);
 }
 
+// A draft tree is each sequence's own last T positions: a ragged batch runs (tests/
+// paged_tree_test.cc), but every sequence must hold T positions, and a frame cannot slice it.
+TEST(Errors, E148_PagedDraftTrees) {
+  PagedKVCache cache(4, 16, 2, 8);
+  const int64_t s = cache.add_sequence(), t = cache.add_sequence();
+  const std::vector<float> k = ones(2 * 5 * 8);
+  cache.append(s, TensorView(k.data(), {2, 5, 8}), TensorView(k.data(), {2, 5, 8}));
+  cache.append(t, TensorView(k.data(), {2, 2, 8}), TensorView(k.data(), {2, 2, 8}));
+  std::vector<float> q = ones(2 * 4 * 2 * 8), out(q.size(), -7.0f);
+  const TensorView qv(q.data(), {2, 4, 2, 8});
+  const MutableTensorView ov(out.data(), {2, 4, 2, 8});
+  const Mask tree = Mask().tree(Array<int64_t>({2, 3}, {-1, 0, 1, -1, -1, 0}));
+  EXPECT_MASKATTN_ERROR(
+      attention_paged(qv, cache, {s, t}, ov, {2, 2}, tree),
+      "attention_paged: sequences[1] = 1 holds 2 positions, fewer than the 3 draft tokens of "
+      "tree[2,3]: each sequence's draft is its own last T positions, already appended");
+  Options framed;
+  framed.frame = Frame{0, 0, 2, 5};
+  EXPECT_MASKATTN_ERROR(
+      attention_paged(qv, cache, {s, t}, ov, {2, 1}, Mask().tree(std::vector<int64_t>{-1, 0}), {},
+                      framed),
+      "attention_paged: options.frame is set, but a tree mask over sequences of different "
+      "lengths or fewer than Lq queries runs each sequence alone (its draft at its own end), and "
+      "a frame slices one problem: call each sequence alone with its frame");
+  EXPECT_EQ(out[0], -7.0f);
+}
+
 }  // namespace
 }  // namespace maskattn

@@ -55,7 +55,13 @@ TEST(Errors, E138_LengthsBeyondMaxSeqlenOrTheSequence) {
                         "key_lengths[1] = 3 exceeds sequence 1's own Lk = 1");
   EXPECT_MASKATTN_ERROR(p.call(p.varlen, Mask().query_starts({3, 0})),
                         "query_starts[0] = 3 exceeds sequence 0's own Lq = 2");
+  EXPECT_MASKATTN_ERROR(p.call(p.varlen, Mask().tree(std::vector<int64_t>{-1, 0})),
+                        "tree[2]: the draft of T=2 tokens is longer than sequence 1's own Lk = 1 "
+                        "(cu_seqlens_k); in a varlen call each sequence's draft is its own last T "
+                        "keys");
   EXPECT_TRUE(p.untouched());
+  EXPECT_MASKATTN_ERROR(varlen_sequence(p.varlen, 1, Mask().tree(std::vector<int64_t>{-1, 0}), {}),
+                        "tree[2]: the draft of T=2 tokens is longer than sequence 1's own Lk = 1");
 }
 
 TEST(Errors, E139_PackedShapesAndOptions) {

@@ -188,6 +188,49 @@ TEST(PagedTensors, MatchesTheReference) {
   }
 }
 
+// A draft tree over a ragged batch of caller-owned pages: each sequence's rows are the call on
+// it alone (its row of the block table, its own parents), and the PagedKVCache's (bitwise), with
+// and without causal; bf16 pages, 2 threads (paged_tree_test.cc has the sweep).
+TEST(PagedTensors, DraftTreesOverARaggedBatch) {
+  const CallerPool f(16, 2, 32, DType::bf16, {37, 4, 64}, 6);
+  const int64_t B = 3, Hq = 4, Lq = 6, D = 32;
+  const test::DTypeBuffer q(random_values(B * Hq * Lq * D, 2), DType::bf16);
+  const std::vector<int64_t> qlens = {6, 4, 2}, parents = {-1, 0, 1, 1, -1, -1, 0, 1, -1, 0, 0, 2};
+  Options options;
+  options.threads = 2;
+  for (bool causal : {true, false}) {
+    PagedTensors kv = f.view();
+    kv.causal = causal;
+    const Mask tree = Mask().tree(Array<int64_t>({B, 4}, parents));
+    std::vector<float> pool(B * Hq * Lq * D, -7.0f), cache(pool.size(), -8.0f);
+    attention_paged(q.view({B, Hq, Lq, D}), kv, MutableTensorView(pool.data(), {B, Hq, Lq, D}),
+                    qlens, tree, {}, options);
+    if (causal) {
+      attention_paged(q.view({B, Hq, Lq, D}), f.cache, f.ids,
+                      MutableTensorView(cache.data(), {B, Hq, Lq, D}), qlens, tree, {}, options);
+      EXPECT_EQ(std::memcmp(pool.data(), cache.data(), pool.size() * 4), 0);
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t n = qlens[b];
+      PagedTensors one = kv;
+      one.block_table = f.table.data() + b * f.columns;
+      one.lengths = {f.lengths[b]};
+      const std::vector<int64_t> own(parents.begin() + 4 * b, parents.begin() + 4 * b + 4);
+      std::vector<float> out(Hq * n * D, -9.0f);
+      const auto* first = reinterpret_cast<const uint16_t*>(q.words.data()) + b * Hq * Lq * D;
+      attention_paged(TensorView(first, DType::bf16, {1, Hq, n, D}, {Hq * Lq * D, Lq * D, D, 1}),
+                      one, MutableTensorView(out.data(), {1, Hq, n, D}), {}, Mask().tree(own), {},
+                      options);
+      for (int64_t h = 0; h < Hq; ++h) {
+        EXPECT_EQ(
+            std::memcmp(pool.data() + ((b * Hq + h) * Lq) * D, out.data() + h * n * D, n * D * 4),
+            0)
+            << "causal " << causal << " sequence " << b << " head " << h;
+      }
+    }
+  }
+}
+
 // Transposed and interleaved pools: the same rows in other axis orders give the same bits.
 TEST(PagedTensors, AnyAxisOrderOfThePool) {
   const CallerPool f(32, 2, 16, DType::f32, {70, 33}, 4);

@@ -311,6 +311,50 @@ TEST(VarlenForward, ModifiersAndDropoutEqualEachSequenceAlone) {
   }
 }
 
+// A draft tree restricted to sequence i is that sequence's own draft, its last T keys and queries
+// (its row of [B, T] parents, or the one [T] tree): the varlen rows equal attention() on each
+// sequence alone with Mask::tree of its parents, with causal and a window beside it.
+TEST(VarlenForward, DraftTreesAreEachSequencesOwn) {
+  const Packed p({3, 6, 1, 9}, {10, 6, 40, 12}, 4, 2, 16, 8, 41);
+  const std::vector<int64_t> one = {-1, 0, 0, 1, 2, -1};
+  const std::vector<int64_t> rows = {-1, 0, 1, 2, 3, 4, -1, -1, 0, 1, 0, 3,
+                                     -1, 0, 0, 0, 0, 0, -1, 0,  1, 1, 2, -1};
+  for (bool per_sequence : {false, true}) {
+    for (bool window : {false, true}) {
+      const Mask tree = per_sequence ? Mask().tree(Array<int64_t>({4, 6}, rows)) : Mask().tree(one);
+      const Mask extra = window ? Mask().causal().sliding_window(5) : Mask();
+      for (int threads : {1, 2}) {
+        Options options;
+        options.threads = threads;
+        const Buffers in(p, DType::f32);
+        const Forward varlen = run_varlen(p, in, DType::f32, extra & tree, {}, options);
+        for (int64_t i = 0; i < p.B(); ++i) {
+          const std::vector<int64_t> own =
+              per_sequence ? std::vector<int64_t>(rows.begin() + 6 * i, rows.begin() + 6 * i + 6)
+                           : one;
+          const int64_t q0 = p.varlen.cu_seqlens_q[i], k0 = p.varlen.cu_seqlens_k[i];
+          std::vector<float> out(p.lq[i] * p.Hq * p.Dv, -7.0f), lse(p.Hq * p.lq[i], -7.0f);
+          attention(rows_of(p.q.data(), DType::f32, q0, p.lq[i], p.Hq, p.D),
+                    rows_of(p.k.data(), DType::f32, k0, p.lk[i], p.Hkv, p.D),
+                    rows_of(p.v.data(), DType::f32, k0, p.lk[i], p.Hkv, p.Dv),
+                    mutable_rows_of(out.data(), DType::f32, 0, p.lq[i], p.Hq, p.Dv),
+                    extra & Mask().tree(own), {}, options,
+                    MutableTensorView(lse.data(), {1, p.Hq, p.lq[i]}));
+          EXPECT_EQ(std::memcmp(out.data(), varlen.out.data() + q0 * p.Hq * p.Dv, out.size() * 4),
+                    0)
+              << "sequence " << i << " per_sequence " << per_sequence << " window " << window;
+          for (int64_t h = 0; h < p.Hq; ++h) {
+            EXPECT_EQ(std::memcmp(lse.data() + h * p.lq[i],
+                                  varlen.lse.data() + h * p.total_q() + q0, p.lq[i] * 4),
+                      0)
+                << "sequence " << i << " head " << h;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The padded batch [B, Hq, max_q, max_k] with query and key lengths, through the f64 reference:
 // its real rows are the varlen call's (bottom-right aligned per sequence, b = i everywhere,
 // dropout included), up to the reference's own rounding.

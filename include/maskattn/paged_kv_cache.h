@@ -125,8 +125,11 @@ class PagedKVCache {
 // docs/semantics.md §2's ragged batches); rows past query_lengths[b] are padding and output 0.
 // q [B, Hq, Lq, D] (f32, f16, bf16); out [B, Hq, Lq, Dv] in q's dtype (or f32). The mask applied
 // is causal & key_lengths(lengths) & query_lengths(query_lengths) & `mask`, over
-// [B, Hq, Lq, max length]; query_lengths empty means Lq for every entry. The fused kernel reads the
-// cache in place; Kernel::reference decodes it first (the oracle). Errors: E148.
+// [B, Hq, Lq, max length]; query_lengths empty means Lq for every entry. A draft tree
+// (Mask::tree) is each sequence's own, its draft the sequence's last T positions: when the
+// sequences differ in length or have fewer than Lq queries, sequence b is computed as this call on
+// it alone (its rows, `mask` and `mods` restricted to entry b), bit for bit. The fused kernel reads
+// the cache in place; Kernel::reference decodes it first (the oracle). Errors: E148.
 void attention_paged(const TensorView& q, const PagedKVCache& cache,
                      const std::vector<int64_t>& sequences, const MutableTensorView& out,
                      const std::vector<int64_t>& query_lengths = {}, const Mask& mask = {},

@@ -47,10 +47,12 @@ struct PagedTensors {
 // Attention of q [B, Hq, Lq, D] (f32, f16, bf16) against the B sequences of `kv`; out
 // [B, Hq, Lq, Dv] in q's dtype (or f32). The mask applied is (causal &) key_lengths(lengths) &
 // query_lengths(query_lengths) & `mask` over [B, Hq, Lq, max length]; query_lengths empty means
-// Lq for every entry. The fused kernel reads the pages in place; Kernel::reference gathers them
-// into f32 first (the oracle). Rows of the last block past a sequence's length are read but hidden
-// by the mask, and may hold anything, even NaN. Errors: E154 (the pages), E155 (the block table
-// and lengths), E156 (query_lengths), and attention()'s for q, out, lse, mask and modifiers.
+// Lq for every entry. A draft tree (Mask::tree) is each sequence's own, as in the PagedKVCache
+// overload. The fused kernel reads the pages in place; Kernel::reference gathers them into f32
+// first (the oracle). Rows of the last block past a sequence's length are read but hidden by the
+// mask, and may hold anything, even NaN. Errors: E154 (the pages), E155 (the block table and
+// lengths), E156 (query_lengths), E148 (a tree longer than a sequence, or with a frame), and
+// attention()'s for q, out, lse, mask and modifiers.
 void attention_paged(const TensorView& q, const PagedTensors& kv, const MutableTensorView& out,
                      const std::vector<int64_t>& query_lengths = {}, const Mask& mask = {},
                      const ScoreMods& mods = {}, const Options& options = {},

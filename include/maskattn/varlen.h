@@ -14,8 +14,9 @@
 // sequence i is batch entry i, rows [0, Lq_i) and columns [0, Lk_i) of it (docs/semantics.md §19).
 // The contract, tested bit for bit: the rows of sequence i are exactly what attention() returns
 // when called on sequence i alone (a [1, Hq, Lq_i, D] problem) with the mask and modifiers
-// restricted to that batch entry — alignment from the sequence's own Lq_i and Lk_i, programs,
-// predicates and score_fn seeing b = i, dropout drawing with b = i (Dropout::batch_offset).
+// restricted to that batch entry — alignment from the sequence's own Lq_i and Lk_i (a draft tree's
+// too: its draft is the sequence's own last T rows), programs, predicates and score_fn seeing
+// b = i, dropout drawing with b = i (Dropout::batch_offset).
 #pragma once
 
 #include <cstdint>

@@ -168,10 +168,37 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
                        return_softmax_lse, threads, kernel)
 
 
+def _as_pages(k_cache, v_cache):
+    """[B, L_cache, Hkv, D] caches as pools of blocks of 16 positions, sequence b in blocks
+    [b·n, (b + 1)·n) of the table: a view when L_cache is a multiple of 16 and the batch axis is
+    contiguous, else a copy (padded with zeros, which no sequence reads)."""
+    batch, length = k_cache.shape[:2]
+    columns = max(-(-length // 16), 1)
+    pad = columns * 16 - length
+
+    def pages(x):
+        if pad:
+            x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
+        if x.stride(3) != 1:  # pages hold contiguous rows
+            x = x.contiguous()
+        return x.reshape(batch * columns, 16, x.shape[2], x.shape[3])
+
+    table = torch.arange(batch * columns, dtype=torch.int32).reshape(batch, columns)
+    return pages(k_cache), pages(v_cache), table
+
+
 def _attend_dense(q, k_cache, v_cache, lengths, causal, mask, mods, scale, return_lse, threads,
                   kernel):
     """Without a block table each sequence's cache is one row of k_cache: plain attention on
-    the [B, longest, Hkv, D] view, its queries placed by the same mask the paged call builds."""
+    the [B, longest, Hkv, D] view, its queries placed by the same mask the paged call builds. A
+    draft tree over sequences of different lengths is each sequence's own, at its own end
+    (docs/semantics.md §18), which one call over [B, longest] cannot place: that call reads the
+    cache as pages instead, as the paged form does."""
+    if mask is not None and lengths.numel() and bool((lengths != lengths[0]).any()) \
+            and _core.mask_has_tree(mask):
+        k_pages, v_pages, table = _as_pages(k_cache, v_cache)
+        return _attend(q, k_pages, v_pages, table, lengths, causal, mask, mods, scale, return_lse,
+                       threads, kernel)
     longest = int(lengths.max()) if lengths.numel() else 0
     # query_lengths too: each entry's queries align at its own length, not at the longest.
     placed = _core.Mask().key_lengths(lengths.tolist()) & _core.Mask().query_lengths(

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "arrays.h"
@@ -30,10 +31,22 @@ void bind_mask_tree(nb::class_<Mask>& mask) {
       "sequence), integers, parents[t] in [-1, t), -1 for a root (a child of the cached prefix). "
       "The last T keys and the last T queries are the draft (row indices, bottom-right): a draft "
       "query sees every key before the draft and, in the draft, its ancestors and itself; a "
-      "query before the draft is causal.");
+      "query before the draft is causal. In attention_paged and attention_varlen each "
+      "sequence's draft is its own last T positions.");
 }
 
 void bind_tree(nb::module_& m) {
+  // For the package's own paths that place a batch's sequences (maskattn.torch's contiguous
+  // KV cache): whether a draft tree must sit at each sequence's own end.
+  m.def(
+      "mask_has_tree",
+      [](const Mask& mask) {
+        for (const Component& c : mask.components()) {
+          if (std::holds_alternative<component::Tree>(c)) return true;
+        }
+        return false;
+      },
+      arg("mask"));
   m.def(
       "tree_position_ids",
       [](nb::handle parents, int64_t prefix_length) {

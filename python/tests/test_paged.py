@@ -1,6 +1,7 @@
 """maskattn.PagedKVCache and attention_paged: against PyTorch's float64 math on the cache's
 decoded values, bitwise against maskattn.attention on the same rows in a contiguous tensor, the
-block bookkeeping, and the Python catalogue rows P94–P95."""
+block bookkeeping, draft trees over ragged batches (each sequence's own, bitwise the call on it
+alone), and the Python catalogue rows P94–P95."""
 
 from __future__ import annotations
 
@@ -117,3 +118,67 @@ def test_P95_sequences_and_query_lengths_are_lists_of_ints():
         ma.attention_paged(q, cache, ids, query_lengths=[1])
     with pytest.raises(ma.Error, match="sequence must be an int"):
         cache.append("0", np.ones((1, 1, 8), np.float32), np.ones((1, 1, 8), np.float32))
+
+
+def descends(parents, s, t):
+    """Draft token s is t or one of t's descendants."""
+    while s >= 0:
+        if s == t:
+            return True
+        s = parents[s]
+    return False
+
+
+def tree_reference(q, cache, ids, query_lengths, parents):
+    """docs/semantics.md §3 and §18 in float64 on the decoded cache: sequence b's draft is its
+    last T positions and its queries its last query_lengths[b]; a key before the draft is seen
+    causally, a draft key only by a draft query that is it or descends from it."""
+    batch, hq, lq, dim = q.shape
+    size = parents.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    group = hq // cache.kv_heads
+    for b, s in enumerate(ids):
+        k = torch.from_numpy(cache.decoded_keys(s)).double().repeat_interleave(group, 0)
+        v = torch.from_numpy(cache.decoded_values(s)).double().repeat_interleave(group, 0)
+        n, t = k.shape[1], query_lengths[b]
+        allowed = torch.zeros(t, n, dtype=torch.bool)
+        for i in range(t):
+            position, draft_query = n - t + i, i - (t - size)
+            for j in range(n):
+                draft_key = j - (n - size)
+                allowed[i, j] = j <= position if draft_key < 0 else (
+                    draft_query >= 0 and descends(parents[b].tolist(), draft_query, draft_key))
+        scores = q[b, :, :t].double() @ k.transpose(-1, -2) / dim ** 0.5
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out[b, :, :t] = torch.softmax(scores, -1) @ v
+    return out
+
+
+@pytest.mark.parametrize("format_", ["f32", "int8"])
+def test_a_tree_over_a_ragged_batch_is_each_sequences_own(format_):
+    """Speculative decoding for several requests at once: sequences of different lengths (one as
+    long as the draft), each with its own tree ([B, T] parents) and its own query count; each
+    sequence's rows equal the call on it alone, bit for bit, and the documented rule."""
+    cache, ids = filled(format_, [37, 5, 64, 20], heads=2)
+    parents = torch.tensor([[-1, 0, 0, 1, 2], [-1, -1, 0, 1, 1], [-1, 0, 1, 2, 3],
+                            [-1, 0, 0, 0, -1]])
+    qlens = [8, 5, 3, 6]
+    q = torch.randn(4, 4, 8, 32, generator=torch.Generator().manual_seed(5))
+    out, lse = ma.attention_paged(q, cache, ids, query_lengths=qlens, mask=ma.Mask().tree(parents),
+                                  threads=2, return_lse=True)
+    for b, n in enumerate(qlens):
+        alone, alone_lse = ma.attention_paged(q[b:b + 1, :, :n], cache, [ids[b]],
+                                              mask=ma.Mask().tree(parents[b]), return_lse=True)
+        assert torch.equal(out[b:b + 1, :, :n], alone)
+        assert torch.equal(lse[b:b + 1, :, :n], alone_lse)
+        assert torch.all(out[b, :, n:] == 0) and torch.all(lse[b, :, n:] == float("-inf"))
+    want = tree_reference(q, cache, ids, qlens, parents)
+    assert (out.double() - want).abs().max().item() < 2e-6
+
+
+def test_a_tree_needs_every_sequence_to_hold_its_draft():
+    cache, ids = filled("f32", [9, 3], heads=1, dim=8)
+    q = np.zeros((2, 1, 2, 8), np.float32)
+    with pytest.raises(ma.Error, match=r"attention_paged: sequences\[1\] = 1 holds 3 positions, "
+                                       r"fewer than the 4 draft tokens of tree\[4\]"):
+        ma.attention_paged(q, cache, ids, mask=ma.Mask().tree([-1, 0, 1, 2]))

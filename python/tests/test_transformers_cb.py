@@ -290,6 +290,40 @@ def test_attention_with_kvcache_window_softcap_and_the_contiguous_form():
     assert (loose.double() - dense_f64(q, rows, lengths, causal=False)).abs().max() < 2e-6
 
 
+def test_attention_with_kvcache_draft_trees_over_ragged_lengths():
+    """A draft tree over sequences of different lengths is each sequence's own (docs/semantics.md
+    §18): the paged form equals attention_paged on a PagedKVCache holding the same rows and each
+    sequence called alone, bit for bit; the contiguous form (L_cache = 50, read as copied pages)
+    gives the same bits."""
+    lengths = [45, 6, 30]
+    k_cache, v_cache, table, rows = paged_problem(lengths, seed=8)
+    parents = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, -1], [-1, -1, 0, 1]])
+    q = torch.randn(3, 6, 4, 16, generator=torch.Generator().manual_seed(9))  # 2 rows before
+    mask = maskattn.Mask().tree(parents)
+    got = mtorch.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                        block_table=table, causal=True, mask=mask)
+    cache = maskattn.PagedKVCache(32, 16, 2, 16)
+    ids = []
+    for k, v in rows:
+        ids.append(cache.add_sequence())
+        cache.append(ids[-1], k, v)
+    assert torch.equal(got, maskattn.attention_paged(q, cache, ids, mask=mask, layout="blhd"))
+    for b in range(3):
+        alone = mtorch.attention_with_kvcache(q[b:b + 1], k_cache, v_cache,
+                                              cache_seqlens=lengths[b:b + 1],
+                                              block_table=table[b:b + 1], causal=True,
+                                              mask=maskattn.Mask().tree(parents[b]))
+        assert torch.equal(got[b:b + 1], alone)
+    contiguous_k = torch.zeros(3, 50, 2, 16)
+    contiguous_v = torch.zeros(3, 50, 2, 16)
+    for b, (k, v) in enumerate(rows):
+        contiguous_k[b, :lengths[b]] = k.permute(1, 0, 2)
+        contiguous_v[b, :lengths[b]] = v.permute(1, 0, 2)
+    dense = mtorch.attention_with_kvcache(q, contiguous_k, contiguous_v, cache_seqlens=lengths,
+                                          causal=True, mask=mask)
+    assert torch.equal(dense, got)
+
+
 def test_attention_with_kvcache_bfloat16_pages():
     lengths = [50, 17]
     k_cache, v_cache, table, rows = paged_problem(lengths, dtype=torch.bfloat16, seed=8)

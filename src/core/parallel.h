@@ -46,4 +46,42 @@ void run_longest_first(const std::vector<int64_t>& costs, int requested_threads,
   if (failure) std::rethrow_exception(failure);
 }
 
+// Items of uneven cost, each of which can run on any number of threads (a call on one sequence of
+// a batch): an item with more than 1/(2T) of the total cost, with T threads, runs alone on every
+// thread (dealt to one thread it would leave the others idle at the end); the others are dealt
+// whole to one thread each, longest first (run_longest_first). The plan depends on the costs and
+// the thread count only.
+struct CostPlan {
+  std::vector<int64_t> alone;   // run one after another, each on every thread; index order
+  std::vector<int64_t> shared;  // dealt to one thread each
+  std::vector<int64_t> costs;   // of `shared`, in its order
+  int threads = 1;              // the call's thread count
+};
+
+// `requested_threads`: Options::threads (0 = OpenMP's default).
+inline CostPlan plan_by_cost(const std::vector<int64_t>& cost, int requested_threads) {
+  CostPlan plan;
+  plan.threads = requested_threads > 0 ? requested_threads : omp_get_max_threads();
+  int64_t total = 0;
+  for (int64_t c : cost) total += c;
+  for (size_t n = 0; n < cost.size(); ++n) {
+    if (plan.threads > 1 && cost[n] * 2 * plan.threads > total) {
+      plan.alone.push_back(static_cast<int64_t>(n));
+    } else {
+      plan.shared.push_back(static_cast<int64_t>(n));
+      plan.costs.push_back(cost[n]);
+    }
+  }
+  return plan;
+}
+
+// body(n, threads) for every item n, as planned (threads: the Options::threads of its call,
+// `requested_threads` for the items run alone, 1 for the others). The first exception reaches the
+// caller.
+template <typename Body>
+void run_cost_plan(const CostPlan& plan, int requested_threads, Body&& body) {
+  for (int64_t n : plan.alone) body(n, requested_threads);
+  run_longest_first(plan.costs, plan.threads, [&](int64_t m) { body(plan.shared[m], 1); });
+}
+
 }  // namespace maskattn::detail

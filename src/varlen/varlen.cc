@@ -2,9 +2,9 @@
 //
 // What a varlen call must give is fixed by its contract: the rows of sequence i are bit for bit
 // those of attention() on sequence i alone, with the mask restricted to batch entry i
-// (restrict.cc). The straightforward way to honour it is also the one used here: one attention()
-// call per sequence, on views of the packed tensors (no copy: a [total, H, D] tensor's rows
-// [first, first + L) are a [1, H, L, D] view with the token stride on the length axis). Every
+// (mask/restrict.cc). The straightforward way to honour it is also the one used here: one
+// attention() call per sequence, on views of the packed tensors (no copy: a [total, H, D] tensor's
+// rows [first, first + L) are a [1, H, L, D] view with the token stride on the length axis). Every
 // kernel, mask component, modifier and dtype of the library then works in varlen form with no
 // second implementation to keep in step, and the kernels' guarantee that a call's bits do not
 // depend on its thread count carries the contract over whatever threads run it.
@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "mask/restrict.h"
 #include "maskattn/error.h"
 #include "validate.h"
 #include "varlen/plan.h"
@@ -88,7 +89,9 @@ namespace varlen_detail {
 SequenceProblem sequence_problem(const Varlen& varlen, int64_t i, const Mask& mask,
                                  const ScoreMods& mods, const Options& options) {
   const int64_t lq = query_length(varlen, i), lk = key_length(varlen, i);
-  SequenceProblem sequence{restrict_mask(mask, i, lq, lk), restrict_mods(mods, i, lq, lk), options};
+  check_sequence_values(mask, varlen, i);
+  SequenceProblem sequence{detail::restrict_mask(mask, i, lq, lk),
+                           detail::restrict_mods(mods, i, lq, lk), options};
   sequence.options.dropout.batch_offset = options.dropout.batch_offset + static_cast<uint64_t>(i);
   sequence.options.check_finite = false;  // checked once, on the whole packed problem
   return sequence;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/store_f32.h"
+#include "mask/restrict.h"
 #include "maskattn/error.h"
 #include "maskattn/varlen.h"
 #include "validate.h"
@@ -157,8 +158,8 @@ void reduce_parts(const SharedParts& parts, const Varlen& varlen, const Gradient
     for (int64_t i = 0; i < varlen.batch(); ++i) {
       const std::vector<float>& part = parts.part[i][n];
       if (n == 1) {
-        add_restricted_bias(mods.bias->shape(), i, query_length(varlen, i), key_length(varlen, i),
-                            part.data(), sum.data());
+        detail::add_restricted_bias(mods.bias->shape(), i, query_length(varlen, i),
+                                    key_length(varlen, i), part.data(), sum.data());
       } else {
         for (size_t e = 0; e < sum.size(); ++e) sum[e] += part[e];
       }

@@ -4,6 +4,7 @@
 // The offsets are FlashAttention's: cu_seqlens_q = [0, Lq_0, Lq_0 + Lq_1, …, total_q]. A
 // malformed array would make sequences overlap or leave rows unowned (and unwritten), so every
 // property is checked, with the index of the first entry that breaks it.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <variant>
@@ -14,6 +15,7 @@
 #include "mask/resolved_mods.h"
 #include "maskattn/error.h"
 #include "validate.h"
+#include "varlen/plan.h"
 #include "varlen/varlen_checks.h"
 
 namespace maskattn {
@@ -108,17 +110,36 @@ void check_padding_value(const component::Padding& padding, int64_t i, int64_t l
               "); in a varlen call lengths and starts count the sequence's own tokens");
 }
 
-void check_sequence_values(const Mask& mask, const Varlen& varlen) {
+namespace {
+
+// A draft tree is each sequence's own last T keys, so every sequence needs T of them.
+void check_tree_fits(const component::Tree& tree, const std::string& label, const Varlen& varlen,
+                     int64_t i) {
+  const int64_t keys = key_length(varlen, i);
+  if (tree.size() <= keys) return;
+  varlen_fail(label + ": the draft of T=" + std::to_string(tree.size()) +
+              " tokens is longer than sequence " + std::to_string(i) +
+              "'s own Lk = " + std::to_string(keys) +
+              " (cu_seqlens_k); in a varlen call each sequence's draft is its own last T keys");
+}
+
+}  // namespace
+
+void check_sequence_values(const Mask& mask, const Varlen& varlen, int64_t only) {
   using Form = component::Padding::Form;
-  for (const Component& c : mask.components()) {
+  const int64_t first = std::max<int64_t>(only, 0), end = only < 0 ? varlen.batch() : only + 1;
+  for (size_t n = 0; n < mask.components().size(); ++n) {
+    const Component& c = mask.components()[n];
+    if (const auto* tree = std::get_if<component::Tree>(&c)) {
+      for (int64_t i = first; i < end; ++i) check_tree_fits(*tree, mask.labels()[n], varlen, i);
+    }
     const auto* padding = std::get_if<component::Padding>(&c);
     if (padding == nullptr || (padding->form != Form::lengths && padding->form != Form::starts) ||
         padding->values.numel() != varlen.batch()) {
       continue;
     }
     const auto& cu = padding->side == Side::query ? varlen.cu_seqlens_q : varlen.cu_seqlens_k;
-    for (int64_t i = 0; i < varlen.batch(); ++i)
-      check_padding_value(*padding, i, cu[i + 1] - cu[i]);
+    for (int64_t i = first; i < end; ++i) check_padding_value(*padding, i, cu[i + 1] - cu[i]);
   }
 }
 

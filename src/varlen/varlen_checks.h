@@ -1,5 +1,5 @@
-// The varlen layer's internals: the checks of its arguments (docs/errors.md E136–E139), the
-// restriction of a mask to one sequence (restrict.cc), and the views of one sequence's rows.
+// The varlen layer's internals: the checks of its arguments (docs/errors.md E136–E139) and the
+// views of one sequence's rows. The restriction of a mask to one sequence is mask/restrict.h's.
 #pragma once
 
 #include <cstdint>
@@ -15,15 +15,6 @@ namespace maskattn {
 // Throws maskattn::Error with `message` (one place, so every varlen check reads the same).
 [[noreturn]] void varlen_fail(const std::string& message);
 
-// The mask and modifiers of the padded batch restricted to sequence i of Lq = lq, Lk = lk
-// (restrict.cc's essay).
-Mask restrict_mask(const Mask& mask, int64_t i, int64_t lq, int64_t lk);
-ScoreMods restrict_mods(const ScoreMods& mods, int64_t i, int64_t lq, int64_t lk);
-// whole += part, where part is ∂L/∂(the bias restricted to sequence i) and whole ∂L/∂bias, both
-// row-major (the backward's dbias, summed over the sequences).
-void add_restricted_bias(const Dims& bias_shape, int64_t i, int64_t lq, int64_t lk,
-                         const float* part, double* whole);
-
 namespace varlen_detail {
 
 // cu_seqlens_q/k: B + 1 entries each, 0 first, non-decreasing, the last total_q (total_k);
@@ -33,8 +24,9 @@ void check_offsets(const Varlen& varlen, int64_t total_q, int64_t total_k);
 void check_packed(const TensorView& t, const char* name, const char* layout);
 // Entry i of a lengths or starts component fits its sequence's `length` (E138).
 void check_padding_value(const component::Padding& padding, int64_t i, int64_t length);
-// The mask's lengths and starts fit each sequence (E138), checked before anything is written.
-void check_sequence_values(const Mask& mask, const Varlen& varlen);
+// The mask's lengths and starts, and its draft trees, fit each sequence (E138), checked before
+// anything is written; with `only` ≥ 0, sequence `only` alone.
+void check_sequence_values(const Mask& mask, const Varlen& varlen, int64_t only = -1);
 // The checks every varlen call makes on q, k, v, the offsets and the options; returns the packed
 // problem as one [1, Hq, total_q, D] call (its sizes, and the library's checks of the tensors).
 detail::Problem check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -1,4 +1,5 @@
-// What the mask and the score modifiers mean for one sequence of a varlen call.
+// What the mask and the score modifiers mean for one batch entry attended alone: a sequence of
+// a varlen call (varlen/varlen.cc).
 //
 // A varlen call packs B sequences with no padding, but its mask is written for the padded batch
 // [B, Hq, max_seqlen_q, max_seqlen_k] the same sequences would form, because that is how every
@@ -12,14 +13,19 @@
 //   - structured components without data (causal, window, chunk, prefix-LM) are copied: their
 //     positions come from the call, i.e. from the sequence's own Lq_i and Lk_i (bottom-right
 //     aligns its last query with its last key, as FlashAttention's varlen causal does);
-//   - per-sequence values (lengths, starts) become the one value of entry i; a value beyond the
-//     sequence's own length is an error rather than clamped, because with both query and key
-//     lengths the values also move positions (docs/semantics.md §2) and clamping would move them;
+//   - per-sequence values (lengths, starts) become the one value of entry i; the caller checks
+//     first that it fits the sequence (varlen: E138) — a value beyond the sequence's own length
+//     is an error rather than clamped, because with both query and key lengths the values also
+//     move positions (docs/semantics.md §2) and clamping would move them;
 //   - per-token arrays [B, L] become row i cut to the sequence's length (global-token rows [1, L]
 //     are shared by every sequence, so they are only cut);
 //   - dense arrays (keep, blocked, additive, the bias) and block-sparse layouts, which broadcast
 //     against [B, Hq, Lq, Lk] (a layout against its block grid), take entry i on their batch axis
 //     when they have one of size > 1, and cut their query and key axes unless those broadcast;
+//   - a draft tree's parents [B, T] become row i ([1, T], every sequence's tree, is kept): the
+//     draft is then the sequence's own last T keys and queries (docs/semantics.md §3), as causal
+//     is aligned at its own end; the caller checks first that each sequence holds T keys (varlen:
+//     E138);
 //   - what sees the batch index (predicates, score_fn, programs) sees b = i: callables are
 //     wrapped, programs that read b are recompiled with b replaced by (b + i).
 #include <algorithm>
@@ -30,11 +36,9 @@
 #include <variant>
 #include <vector>
 
-#include "maskattn/error.h"
-#include "maskattn/varlen.h"
-#include "varlen/varlen_checks.h"
+#include "mask/restrict.h"
 
-namespace maskattn {
+namespace maskattn::detail {
 
 namespace {
 
@@ -135,9 +139,8 @@ Program shift_batch(const Program& program, int64_t i) {
                                              : Program::score(shifted, program.tables());
 }
 
-// Lengths and starts: entry i, which must fit the sequence (see the essay).
-int64_t sequence_value(const component::Padding& padding, int64_t i, int64_t length) {
-  varlen_detail::check_padding_value(padding, i, length);
+// Lengths and starts: entry i (the caller has checked that it fits the sequence).
+int64_t sequence_value(const component::Padding& padding, int64_t i) {
   return padding.values.data()[i];
 }
 
@@ -147,12 +150,12 @@ void add_padding(Mask& out, const component::Padding& padding, int64_t i, int64_
   const int64_t length = query ? lq : lk;
   switch (padding.form) {
     case Form::lengths: {
-      const int64_t value = sequence_value(padding, i, length);
+      const int64_t value = sequence_value(padding, i);
       query ? out.query_lengths({value}) : out.key_lengths({value});
       break;
     }
     case Form::starts: {
-      const int64_t value = sequence_value(padding, i, length);
+      const int64_t value = sequence_value(padding, i);
       query ? out.query_starts({value}) : out.key_starts({value});
       break;
     }
@@ -201,6 +204,8 @@ void add_restricted(Mask& out, const Component& c, int64_t i, int64_t lq, int64_
                   predicate->name);
   } else if (const auto* program = std::get_if<mc::ProgramMask>(&c)) {
     out.program(shift_batch(program->program, i));
+  } else if (const auto* tree = std::get_if<mc::Tree>(&c)) {
+    out.tree(cut_row(tree->parents, i, tree->size()), tree->heads);
   }
 }
 
@@ -234,4 +239,4 @@ ScoreMods restrict_mods(const ScoreMods& mods, int64_t i, int64_t lq, int64_t lk
   return out;
 }
 
-}  // namespace maskattn
+}  // namespace maskattn::detail
