@@ -21,8 +21,7 @@ from ._arrays import (
     plain_views,
     threads_arg,
     to_bhld,
-    torch_exports,
-    torch_outputs,
+    torch_call_arrays,
     writable_output,
 )
 from ._dropout import backward_seed, checked_dropout, seed_for
@@ -104,13 +103,6 @@ def check_out(out, name, shape_bhld, layout):
     return view
 
 
-def output_shape(q, k, v):
-    """O's shape [B, Hq, Lq, Dv] for q, k and v in [B, H, L, D] order, each checked for 4 axes."""
-    batch, heads, q_len, _ = rank4_shape(q, "q", "[B,Hq,Lq,D]")
-    rank4_shape(k, "k", "[B,Hkv,Lk,D]")
-    return (batch, heads, q_len, rank4_shape(v, "v", "[B,Hkv,Lk,Dv]")[3])
-
-
 def output_views(q, shape, layout, out, element, return_lse):
     """O for a forward call — a new array in q's framework, or the caller's ``out`` checked —
     and its core view; with ``return_lse`` also LSE [B, Hq, Lq] float32 and its view (else
@@ -187,17 +179,18 @@ def checked_attention(q, k, v, mask, mods, scale, dropout, *, layout="bhld", dty
     """:func:`attention` once ``mask``, ``mods`` and ``scale`` are checked (check_mask_mods_scale)
     and ``dropout`` is a checked Dropout with its seed chosen: what maskattn.torch calls, which
     has checked them itself. The rest is checked here, as attention checks it."""
-    exports = None
+    arrays = None
     if layout == "bhld" and dtype is None and out is None:
-        exports = torch_exports((q, k, v))
-    if exports is None:
+        arrays = torch_call_arrays(q, k, v, return_lse)  # plain torch tensors, as capsules
+    if arrays is None:
         (qb, kb, vb), element = input_views((q, k, v), ("q", "k", "v"), dtype, layout)
-        shape = output_shape(qb, kb, vb)
+        batch, heads, q_len, _ = rank4_shape(qb, "q", "[B,Hq,Lq,D]")
+        rank4_shape(kb, "k", "[B,Hkv,Lk,D]")
+        value_dim = rank4_shape(vb, "v", "[B,Hkv,Lk,Dv]")[3]
+        shape = (batch, heads, q_len, value_dim)
         result, out_view, lse, lse_view = output_views(q, shape, layout, out, element, return_lse)
-    else:  # plain torch tensors, the common case there: DLPack capsules (which have no shape)
-        (qb, kb, vb), element = exports
-        shape = output_shape(q, k, v)
-        result, out_view, lse, lse_view = torch_outputs(q, shape, return_lse)
+    else:
+        qb, kb, vb, element, result, out_view, lse, lse_view = arrays
     _core.attention(
         qb, kb, vb, out_view, mask, mods, lse_view, scale, threads_arg(threads), kernel, products,
         check_finite, element, frame_values(frame), bool(count_sinks), dropout.p,

@@ -117,9 +117,13 @@ def plain_views(arrays):
     return views
 
 
-def torch_exports(arrays):
-    """(DLPack capsules of ``arrays``, their element tag) when each is a plain CPU torch.Tensor —
-    strided, with no negative bit, all of one dtype that maskattn computes in — else None.
+def torch_call_arrays(q, k, v, return_lse: bool):
+    """What an attention call hands the binding when q, k and v are plain CPU torch.Tensors of 4
+    axes — strided, with no negative bit, all of one dtype that maskattn computes in: (their
+    DLPack capsules, the element tag, O (new, [B, Hq, Lq, Dv] in q's dtype), O's capsule, and with
+    ``return_lse`` LSE (new, [B, Hq, Lq] float32) and its capsule, else None, None) — what
+    core_view, rank4_shape and output_views make of them, in one pass. Else None: core_view's
+    path then reads the inputs and names what is wrong.
 
     The binding reads a capsule (torch.utils.dlpack.to_dlpack: 0.17 µs a tensor here) as it
     reads any array, for a third of what .numpy() costs and a tenth of the tensor's own
@@ -129,9 +133,9 @@ def torch_exports(arrays):
     values un-negated, so such tensors take core_view's path (and its error). The tag is
     core_view's: "bf16" for bfloat16 (which the capsule describes itself)."""
     torch = sys.modules.get("torch")
-    if torch is None or type(arrays[0]) is not torch.Tensor:
+    if torch is None or type(q) is not torch.Tensor:
         return None
-    dtype = arrays[0].dtype
+    dtype = q.dtype
     if dtype is torch.float32 or dtype is torch.float16:
         element = ""
     elif dtype is torch.bfloat16:
@@ -139,25 +143,19 @@ def torch_exports(arrays):
     else:
         return None
     tensor, strided = torch.Tensor, torch.strided
-    for x in arrays:
+    for x in (q, k, v):
         if not (type(x) is tensor and x.is_cpu and x.dtype is dtype and x.layout is strided
                 and not x.is_neg()):
             return None
+    q_shape, v_shape = q.shape, v.shape
+    if len(q_shape) != 4 or k.dim() != 4 or len(v_shape) != 4:
+        return None
     export = torch.utils.dlpack.to_dlpack
-    return [export(x) for x in arrays], element
-
-
-def torch_outputs(like, shape, return_lse: bool):
-    """What output_views makes for torch inputs, as capsules: O (``shape``, ``like``'s dtype), its
-    capsule, and with ``return_lse`` LSE (``shape[:3]``, float32) and its capsule (else None,
-    None)."""
-    torch = sys.modules["torch"]
-    export = torch.utils.dlpack.to_dlpack
-    out = torch.empty(*shape, dtype=like.dtype)
-    if not return_lse:
-        return out, export(out), None, None
-    lse = torch.empty(*shape[:3], dtype=torch.float32)
-    return out, export(out), lse, export(lse)
+    batch, heads, q_len = q_shape[0], q_shape[1], q_shape[2]
+    out = torch.empty(batch, heads, q_len, v_shape[3], dtype=dtype)
+    lse = torch.empty(batch, heads, q_len, dtype=torch.float32) if return_lse else None
+    return (export(q), export(k), export(v), element, out, export(out), lse,
+            None if lse is None else export(lse))
 
 
 def torch_as_numpy(x, element: str):
