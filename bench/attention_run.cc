@@ -1,6 +1,7 @@
 // One benchmark case per process, so that its peak RSS is its own. Used by bench/compare.
 //   attention_run --lq 2048 --lk 2048 --mask causal --dtype f32 --threads 2 --repeat 5
-// prints one line of key=value pairs: median_ms, min_ms, max_ms, allowed_pairs, dense_pairs,
+// prints one line of key=value pairs: median_ms, min_ms, max_ms, median_us (the median at 10 ns
+// resolution, for calls of a few µs), allowed_pairs, dense_pairs,
 // gflops_allowed, gflops_dense, peak_rss_mib, io_mib (inputs + outputs). --pass backward times
 // attention_backward() instead (flops counted as its five products).
 #include <sys/resource.h>
@@ -77,10 +78,10 @@ int main(int argc, char** argv) {
                                        [](uint8_t kind) { return kind != 0; });
     const auto partial = std::count(tiles.values().begin(), tiles.values().end(), uint8_t{2});
     std::printf(
-        "median_ms=%.3f min_ms=%.3f max_ms=%.3f allowed_pairs=%.0f dense_pairs=%.0f "
+        "median_ms=%.3f min_ms=%.3f max_ms=%.3f median_us=%.2f allowed_pairs=%.0f dense_pairs=%.0f "
         "gflops_allowed=%.1f gflops_dense=%.1f peak_rss_mib=%.1f io_mib=%.1f tiles_visited=%ld "
         "tiles_partial=%ld tiles_total=%ld\n",
-        median, ms.front(), ms.back(), allowed, bench::dense_pairs(c),
+        median, ms.front(), ms.back(), median * 1e3, allowed, bench::dense_pairs(c),
         allowed * flops / median * 1e-6, bench::dense_pairs(c) * flops / median * 1e-6,
         usage.ru_maxrss / 1024.0, tensors.bytes() / (1 << 20), static_cast<long>(visited),
         static_cast<long>(partial), static_cast<long>(tiles.numel()));

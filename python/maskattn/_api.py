@@ -18,8 +18,10 @@ from ._arrays import (
     empty_like_framework,
     is_torch,
     new_output,
+    plain_views,
     threads_arg,
     to_bhld,
+    torch_call_arrays,
     writable_output,
 )
 from ._dropout import backward_seed, checked_dropout, seed_for
@@ -61,6 +63,10 @@ def check_mask_mods_scale(mask, mods, scale=None):
 
 def input_views(arrays, names, dtype, layout):
     """Core views of q, k, v (and friends) in [B, H, L, D] order, with their shared element tag."""
+    if dtype is None and layout == "bhld":
+        views = plain_views(arrays)
+        if views is not None:
+            return views, ""
     element = element_tag(dtype)
     views = []
     for x, name in zip(arrays, names):
@@ -158,17 +164,37 @@ def attention(
     (``torch.manual_seed`` reproduces the call); NumPy arrays need ``dropout_seed``.
     """
     scale = check_mask_mods_scale(mask, mods, scale)
-    dropout = seed_for(checked_dropout(dropout_p, dropout_seed, dropout_offset), is_torch(q),
-                       "attention")
-    (qb, kb, vb), element = input_views((q, k, v), ("q", "k", "v"), dtype, layout)
-    batch, heads, q_len, _ = rank4_shape(qb, "q", "[B,Hq,Lq,D]")
-    rank4_shape(kb, "k", "[B,Hkv,Lk,D]")
-    value_dim = rank4_shape(vb, "v", "[B,Hkv,Lk,Dv]")[3]
-    shape = (batch, heads, q_len, value_dim)
-    result, out_view, lse, lse_view = output_views(q, shape, layout, out, element, return_lse)
+    dropout = checked_dropout(dropout_p, dropout_seed, dropout_offset)
+    if dropout.p:  # seed_for leaves a call without dropout as it is
+        dropout = seed_for(dropout, is_torch(q), "attention")
+    return checked_attention(q, k, v, mask, mods, scale, dropout, layout=layout, dtype=dtype,
+                             threads=threads, return_lse=return_lse, out=out, kernel=kernel,
+                             products=products, check_finite=check_finite, frame=frame,
+                             count_sinks=count_sinks)
+
+
+def checked_attention(q, k, v, mask, mods, scale, dropout, *, layout="bhld", dtype=None,
+                      threads=None, return_lse=False, out=None, kernel="auto", products="auto",
+                      check_finite=False, frame=None, count_sinks=True):
+    """:func:`attention` once ``mask``, ``mods`` and ``scale`` are checked (check_mask_mods_scale)
+    and ``dropout`` is a checked Dropout with its seed chosen: what maskattn.torch calls, which
+    has checked them itself. The rest is checked here, as attention checks it."""
+    arrays = None
+    if layout == "bhld" and dtype is None and out is None:
+        arrays = torch_call_arrays(q, k, v, return_lse)  # plain torch tensors, as capsules
+    if arrays is None:
+        (qb, kb, vb), element = input_views((q, k, v), ("q", "k", "v"), dtype, layout)
+        batch, heads, q_len, _ = rank4_shape(qb, "q", "[B,Hq,Lq,D]")
+        rank4_shape(kb, "k", "[B,Hkv,Lk,D]")
+        value_dim = rank4_shape(vb, "v", "[B,Hkv,Lk,Dv]")[3]
+        shape = (batch, heads, q_len, value_dim)
+        result, out_view, lse, lse_view = output_views(q, shape, layout, out, element, return_lse)
+    else:
+        qb, kb, vb, element, result, out_view, lse, lse_view = arrays
     _core.attention(
         qb, kb, vb, out_view, mask, mods, lse_view, scale, threads_arg(threads), kernel, products,
-        check_finite, element, frame_values(frame), bool(count_sinks), **dropout.core_args(),
+        check_finite, element, frame_values(frame), bool(count_sinks), dropout.p,
+        dropout.seed or 0, dropout.offset,
     )
     return (result, lse) if return_lse else result
 

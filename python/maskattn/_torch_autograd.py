@@ -152,7 +152,13 @@ COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def check_tensors(named):
     """query, key and value: CPU torch tensors of one dtype that maskattn computes in."""
     first_name, first = named[0]
+    dtype = first.dtype if isinstance(first, torch.Tensor) else None
     for name, value in named:
+        # The common case in one test (is_cpu: device.type builds a torch.device each time);
+        # otherwise the checks below, in their order, name what is wrong.
+        if (isinstance(value, torch.Tensor) and value.is_cpu and value.dtype is dtype
+                and dtype in COMPUTE_DTYPES):
+            continue
         if not isinstance(value, torch.Tensor):
             raise Error(
                 f"{name} must be a torch.Tensor, got {type(value).__name__}; "
@@ -271,16 +277,21 @@ def mod_grad(grad, meta, needed):
 
 
 def _forward(query, key, value, call: Call, return_lse=True):
-    return _api.attention(
-        query, key, value, call.mask, call.mods, scale=call.scale, layout=call.layout,
-        threads=call.threads, return_lse=return_lse, **call.dropout.core_args(),
-    )
+    """maskattn.attention for a call whose mask, mods and dropout are checked (the scale is
+    checked here, where attention would check it)."""
+    scale = _api.check_mask_mods_scale(call.mask, call.mods, call.scale)
+    return _api.checked_attention(query, key, value, call.mask, call.mods, scale, call.dropout,
+                                  layout=call.layout, threads=call.threads, return_lse=return_lse)
 
 
-def _needs_autograd(*tensors) -> bool:
+def _needs_autograd(query, key, value, bias, sinks, tables) -> bool:
     if not torch.is_grad_enabled():
         return False
-    return any(t is not None and t.requires_grad for t in tensors)
+    if query.requires_grad or key.requires_grad or value.requires_grad:
+        return True
+    if bias is None and sinks is None and not tables:
+        return False
+    return any(t is not None and t.requires_grad for t in (bias, sinks, *tables))
 
 
 def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None, want_lse=True,
@@ -289,15 +300,13 @@ def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None, want
     tensors whose float32 copies ``call.mods`` holds, ``tables`` the tensors its program reads
     (named by ``call.table_names``, in order). Without autograd and ``want_lse=False``, lse is
     None (not computing it saves an allocation: a few µs of a decoding step)."""
-    if _needs_autograd(query, key, value, bias, sinks, *tables):
+    if _needs_autograd(query, key, value, bias, sinks, tables):
         return _AttentionFunction.apply(query, key, value, bias, sinks, call, *tables)
     if want_lse:
         return _forward(query, key, value, call)
     return _forward(query, key, value, call, return_lse=False), None
 
 
-@torch.compiler.disable(reason="maskattn.torch.attention takes maskattn.Mask objects, which "
-                        "cannot enter a graph; scaled_dot_product_attention with tensor masks can")
 def attention(query, key, value, mask=None, mods=None, *, scale=None, layout="bhld",
               threads=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0):
     """Masked attention with autograd: maskattn.attention for torch tensors.
@@ -314,13 +323,24 @@ def attention(query, key, value, mask=None, mods=None, *, scale=None, layout="bh
     ``dropout_seed`` and ``dropout_offset``; without a seed, one is drawn from PyTorch's default
     CPU generator (``torch.manual_seed`` reproduces the call). The backward drops the same pairs.
     """
+    if torch.compiler.is_compiling():  # a graph break: this call again, eager, outside the graph
+        return _attention_outside_graph(query, key, value, mask, mods, scale=scale, layout=layout,
+                                        threads=threads, dropout_p=dropout_p,
+                                        dropout_seed=dropout_seed, dropout_offset=dropout_offset)
     check_tensors((("query", query), ("key", key), ("value", value)))
     check_mask(mask)
     core_mods, bias, sinks = core_mods_of(mods)
     names, tables = program_tables_of(mods)
-    dropout = seed_for(checked_dropout(dropout_p, dropout_seed, dropout_offset), True,
-                       "attention")
+    dropout = checked_dropout(dropout_p, dropout_seed, dropout_offset)
+    if dropout.p:  # seed_for leaves a call without dropout as it is
+        dropout = seed_for(dropout, True, "attention")
     call = Call(mask, core_mods, scale, layout, threads, names, dropout)
     out, _ = attention_and_lse(query, key, value, call, bias, sinks, want_lse=False,
                                tables=tables)
     return out
+
+
+# torch.compiler.disable's wrapper costs more than the eager check above, so eager calls skip it.
+_attention_outside_graph = torch.compiler.disable(
+    attention, reason="maskattn.torch.attention takes maskattn.Mask objects, which cannot enter a "
+    "graph; scaled_dot_product_attention with tensor masks can")

@@ -274,8 +274,6 @@ def _score_program(score_mod, query, key):
     return _core.ScoreMods(program=program), names, [tensor for _, tensor in traced.tables]
 
 
-@torch.compiler.disable(reason="maskattn's flex_attention traces score_mod in Python and takes "
-                        "a BlockMask holding a maskattn.Mask: it runs outside graphs")
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
                    enable_gqa=False, return_lse=False, kernel_options=None, *, return_aux=None,
                    mods=None):
@@ -288,6 +286,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     ``return_lse``: also the natural-log LSE [B, Hq, L] (float32, −inf for a row with no allowed
     key, whose output is 0). ``kernel_options`` only tune PyTorch's kernels: ignored.
     """
+    if torch.compiler.is_compiling():  # a graph break: this call again, eager, outside the graph
+        return _flex_outside_graph(query, key, value, score_mod, block_mask, scale, enable_gqa,
+                                   return_lse, kernel_options, return_aux=return_aux, mods=mods)
     check_tensors((("query", query), ("key", key), ("value", value)))
     block_mask = _our_block_mask(block_mask)
     _check_flex_shapes(query, key, value, block_mask, enable_gqa)
@@ -312,3 +313,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if return_aux is not None:
         return out, _aux_output(lse if want_lse else None)
     return (out, lse) if want_lse else out
+
+
+# torch.compiler.disable's wrapper costs more than the eager check above, so eager calls skip it.
+_flex_outside_graph = torch.compiler.disable(
+    flex_attention, reason="maskattn's flex_attention traces score_mod in Python and takes a "
+    "BlockMask holding a maskattn.Mask: it runs outside graphs")

@@ -50,8 +50,8 @@ class ConvertedMasks:
             version = tensor._version  # inference-mode tensors have no version counter
         except RuntimeError:
             return None
-        return (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype,
-                version, context)
+        # shape (a torch.Size) hashes and compares as the tuple it is; stride() is a tuple.
+        return (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, version, context)
 
     def get(self, tensor: torch.Tensor, context, convert):
         """The Mask for ``tensor`` (in the folding ``context``), converting it on a miss."""
@@ -129,12 +129,10 @@ def _converted(mask_tensor):
 
 def intersect(masks):
     """The intersection of maskattn Masks (None for none)."""
-    masks = [m for m in masks if m is not None]
-    if not masks:
-        return None
-    combined = masks[0]
-    for other in masks[1:]:
-        combined = combined & other
+    combined = None
+    for mask in masks:
+        if mask is not None:
+            combined = mask if combined is None else combined & mask
     return combined
 
 
@@ -143,10 +141,14 @@ def core_mask(mask, is_causal, mask_tensor, cached_as, context):
     ``is_causal``, and ``mask_tensor`` (from split_attn_mask) converted, intersected. The
     conversion is cached under the tensor ``cached_as`` (the caller's attn_mask, or
     ``mask_tensor`` itself) and ``context`` (how it was folded)."""
-    masks = [mask, top_left_causal() if is_causal else None]
-    if mask_tensor is not None:
-        masks.append(converted_masks.get(cached_as, context, lambda: _converted(mask_tensor)))
-    return intersect(masks)
+    if mask_tensor is None:
+        if mask is None:  # is_causal alone, or no mask at all
+            return top_left_causal() if is_causal else None
+        return intersect([mask, top_left_causal() if is_causal else None])
+    converted = converted_masks.get(cached_as, context, lambda: _converted(mask_tensor))
+    if mask is None and not is_causal:  # attn_mask alone
+        return converted
+    return intersect([mask, top_left_causal() if is_causal else None, converted])
 
 
 def mods_with_bias(mods, bias):

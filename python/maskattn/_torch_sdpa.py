@@ -33,7 +33,7 @@ import torch
 from . import _core
 from ._torch_autograd import (Call, attention_and_lse, check_mask, check_tensors, core_mods_of,
                               program_tables_of)
-from ._dropout import Dropout, checked_dropout, torch_seed
+from ._dropout import NO_DROPOUT, Dropout, checked_dropout, torch_seed
 from ._torch_compile import BREAK_REASON, compiled_attention
 from ._torch_masks import check_causal_alignment, core_mask, mods_with_bias, split_attn_mask
 
@@ -80,9 +80,10 @@ def _fold(x, batch):
 def fold_inputs(query, key, value, enable_gqa: bool):
     """query, key, value as [B, H, L, E] tensors, the batch axes, and the output's shape (None
     when it is already the folded one)."""
-    if query.dim() == 4 and key.dim() == 4 and value.dim() == 4:  # the common case, quickly
-        batch, heads_q, heads_k = query.shape[0], query.shape[1], key.shape[1]
-        if (key.shape[0] == batch and value.shape[0] == batch and value.shape[1] == heads_k
+    q_shape, k_shape, v_shape = query.shape, key.shape, value.shape  # each read makes a Size
+    if len(q_shape) == 4 and len(k_shape) == 4 and len(v_shape) == 4:  # the common case, quickly
+        batch, heads_q, heads_k = q_shape[0], q_shape[1], k_shape[1]
+        if (k_shape[0] == batch and v_shape[0] == batch and v_shape[1] == heads_k
                 and (heads_q == heads_k or heads_k == 1 or enable_gqa)):
             return query, key, value, (batch,), None
     for name, x in (("query", query), ("key", key), ("value", value)):
@@ -115,8 +116,14 @@ def fold_inputs(query, key, value, enable_gqa: bool):
 def fold_attn_mask(attn_mask, batch, heads: int, q_len: int, k_len: int):
     """attn_mask checked against (*batch, heads, L, S) and reshaped to rank ≤ 4 for [B, H, L, S]
     (the core broadcasts from the trailing axis, as PyTorch does)."""
+    shape = attn_mask.shape
+    if len(shape) == 4 and len(batch) == 1:  # the common case: it broadcasts, nothing to fold
+        size_b, size_h, size_q, size_k = shape
+        if ((size_b == 1 or size_b == batch[0]) and (size_h == 1 or size_h == heads)
+                and (size_q == 1 or size_q == q_len) and (size_k == 1 or size_k == k_len)):
+            return attn_mask
     target = (*batch, heads, q_len, k_len)
-    if broadcast_shapes(tuple(attn_mask.shape), target) != target:
+    if broadcast_shapes(tuple(shape), target) != target:
         raise Error(
             f"attn_mask shape {_shape(attn_mask)} does not broadcast to {list(target)} "
             f"(batch..., heads, L, S)"
@@ -156,13 +163,13 @@ def _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask
     dropout, a seed drawn from PyTorch's generator."""
     mask_tensor, bias = split_attn_mask(folded)
     cached_as = folded if attn_mask is None else attn_mask
-    context = (batch, tuple(q4.shape), k4.shape[2])
+    context = None if mask_tensor is None else (batch, q4.shape, k4.shape[2])
     call_mask = core_mask(mask, is_causal, mask_tensor, cached_as, context)
     if bias is not None:
         mods = mods_with_bias(mods, bias)
     core_mods, bias, sinks = core_mods_of(mods)
     names, tables = program_tables_of(mods)
-    dropout = Dropout(float(dropout_p), torch_seed() if dropout_p > 0 else 0, 0)
+    dropout = NO_DROPOUT if dropout_p == 0 else Dropout(float(dropout_p), torch_seed(), 0)
     call = Call(call_mask, core_mods, scale, "bhld", None, names, dropout)
     out, _ = attention_and_lse(q4, k4, v4, call, bias, sinks, want_lse=False, tables=tables)
     return out
@@ -188,7 +195,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     check_mask(mask)
     check_sdpa_arguments(attn_mask, dropout_p, is_causal)
     q4, k4, v4, batch, out_shape = fold_inputs(query, key, value, enable_gqa)
-    heads, q_len, k_len = q4.shape[1], q4.shape[2], k4.shape[2]
+    q_shape = q4.shape
+    heads, q_len, k_len = q_shape[1], q_shape[2], k4.shape[2]
     if is_causal:
         check_causal_alignment(mask, q_len, k_len)
     folded = None

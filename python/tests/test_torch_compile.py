@@ -100,3 +100,31 @@ def test_mask_objects_break_the_graph():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="mask= and mods= hold C\\+\\+ objects"):
         torch.compile(with_mask, fullgraph=True, backend="aot_eager")(q, k, v)
+
+
+@pytest.mark.parametrize("entry", ["attention", "flex_attention"])
+def test_mask_object_entry_points_break_the_graph(entry):
+    """maskattn.torch.attention and flex_attention run outside the graph under torch.compile
+    (their eager call, unchanged) and name why with fullgraph=True."""
+    q, k, v = (randn((1, 2, 8, 4), seed) for seed in (1, 2, 3))
+    if entry == "attention":
+        mask = maskattn.Mask().causal().sliding_window(3)
+
+        def call(q, k, v):
+            return mt.attention(q, k, v, mask) * 2
+
+        reason = "maskattn.torch.attention takes maskattn.Mask objects"
+    else:
+        block_mask = mt.create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx, None, None,
+                                          8, 8)
+
+        def call(q, k, v):
+            return mt.flex_attention(q, k, v, block_mask=block_mask) * 2
+
+        reason = "maskattn's flex_attention traces score_mod in Python"
+    torch._dynamo.reset()
+    eager = call(q, k, v)
+    assert torch.equal(torch.compile(call, backend="aot_eager")(q, k, v), eager)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=reason):
+        torch.compile(call, fullgraph=True, backend="aot_eager")(q, k, v)

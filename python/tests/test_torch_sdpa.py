@@ -314,6 +314,22 @@ def test_no_grad_inputs_give_no_graph():
     assert out.grad_fn is None
 
 
+@pytest.mark.parametrize("entry", ["scaled_dot_product_attention", "attention", "flex_attention"])
+def test_a_graph_exactly_when_pytorch_records_one(entry):
+    """The autograd Function is skipped exactly when PyTorch's own SDPA records no graph: grad
+    mode off, or no input that requires grad."""
+    call = getattr(mt, entry)
+    for grad_mode in (True, False):
+        for needs in ((), ("q", "k", "v"), ("v",)):
+            q, k, v = (x.detach().requires_grad_(name in needs)
+                       for name, x in zip("qkv", qkv(5, 5)))
+            with torch.set_grad_enabled(grad_mode):
+                ours = call(q, k, v)
+                theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            assert ours.requires_grad == theirs.requires_grad
+            assert (ours.grad_fn is None) == (theirs.grad_fn is None)
+
+
 def test_scale():
     ours, theirs = both(scale=0.3, attn_mask=bool_mask((9, 11), 2))
     assert_close_to_math(ours, theirs, qkv(9, 11), torch.float32)
