@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <utility>
 #include <vector>
 
 namespace maskattn::detail {
@@ -21,15 +22,31 @@ inline std::vector<int64_t> longest_first_order(const std::vector<int64_t>& cost
   return order;
 }
 
-// Runs body(n) for every n < costs.size(), highest cost first, on OpenMP threads; rethrows the
-// first exception (from a user predicate or score_fn) on the calling thread. Which thread runs an
-// item never changes its arithmetic, so results do not depend on the thread count.
+// Items that read the same data (one kv head's K and V) share a group: group by group, lowest
+// first, and by cost, highest first, within each; ties in index order. Dealt by cost alone, a
+// causal mask's longest items are one block of every head, so consecutive items cycle through all
+// heads' K and V; at N = 8192 with 8 heads that is 32 MiB, more than the L3 holds, and causal fell
+// to 0.60–0.63 of dense where 0.52 is its share of the work. In this order each group's K and V
+// stay cached while its blocks run, and the last items dealt are still short ones (the last
+// group's), so the threads still finish together.
+inline std::vector<int64_t> longest_first_within_groups(const std::vector<int64_t>& costs,
+                                                        const std::vector<int64_t>& groups) {
+  std::vector<int64_t> order(costs.size());
+  for (size_t n = 0; n < order.size(); ++n) order[n] = static_cast<int64_t>(n);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return groups[a] != groups[b] ? groups[a] < groups[b] : costs[a] > costs[b];
+  });
+  return order;
+}
+
+// Runs body(order[n]) for every n on OpenMP threads, dealt in that order; rethrows the first
+// exception (from a user predicate or score_fn) on the calling thread. Which thread runs an item
+// never changes its arithmetic, so results do not depend on the thread count.
 template <typename Body>
-void run_longest_first(const std::vector<int64_t>& costs, int requested_threads, Body&& body) {
-  const std::vector<int64_t> order = longest_first_order(costs);
+void run_in_order(const std::vector<int64_t>& order, int requested_threads, Body&& body) {
   const int threads = static_cast<int>(
       std::min<int64_t>(requested_threads > 0 ? requested_threads : omp_get_max_threads(),
-                        static_cast<int64_t>(costs.size())));
+                        static_cast<int64_t>(order.size())));
   std::exception_ptr failure;
   std::atomic<bool> failed{false};
 #pragma omp parallel for schedule(dynamic, 1) num_threads(std::max(threads, 1))
@@ -44,6 +61,12 @@ void run_longest_first(const std::vector<int64_t>& costs, int requested_threads,
     }
   }
   if (failure) std::rethrow_exception(failure);
+}
+
+// run_in_order over longest_first_order(costs): the most expensive items first.
+template <typename Body>
+void run_longest_first(const std::vector<int64_t>& costs, int requested_threads, Body&& body) {
+  run_in_order(longest_first_order(costs), requested_threads, std::forward<Body>(body));
 }
 
 // Items of uneven cost, each of which can run on any number of threads (a call on one sequence of

@@ -9,9 +9,10 @@
 // one chunk of keys (row kernel); when there are too few (b, kv head) pairs to keep the threads
 // busy the keys are split into fixed chunks of kChunkKeys and the partial (O, LSE) pairs merged
 // afterwards. Every plan depends on the shapes only, never on the thread count, and each item's
-// arithmetic is fixed, so results are bitwise identical for any number of threads. Items are
-// handed out longest first (counted in non-empty tiles), which keeps a causal mask's uneven rows
-// balanced.
+// arithmetic is fixed, so results are bitwise identical for any number of threads. Tile items are
+// handed out kv head by kv head (b, g), longest first within each (counted in non-empty tiles):
+// longest first keeps a causal mask's uneven rows balanced, and head by head keeps one head's K
+// and V in the caches while its blocks run (core/parallel.h, longest_first_within_groups).
 #include "kernels/fused.h"
 
 #include <omp.h>
@@ -302,14 +303,17 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
     partials.lse.resize(items.size() * kMaxRows);
   }
 
-  // ---- run, longest first; then merge split-key partials ----
+  // ---- run, head by head and longest first; then merge split-key partials ----
   const RowWriter write{out, lse, p.value_dim};
-  std::vector<int64_t> costs(items.size());
-  for (size_t n = 0; n < items.size(); ++n) costs[n] = items[n].cost;
+  std::vector<int64_t> costs(items.size()), groups(items.size());
+  for (size_t n = 0; n < items.size(); ++n) {
+    costs[n] = items[n].cost;
+    groups[n] = mode.rows ? 0 : items[n].b * p.kv_heads + p.kv_head(items[n].h);
+  }
   const int64_t unit_bytes = mode.unit != nullptr && mode.unit->thread_bytes != nullptr
                                  ? mode.unit->thread_bytes(p.head_dim, p.value_dim)
                                  : 0;
-  run_longest_first(costs, p.threads, [&](int64_t index) {
+  run_in_order(longest_first_within_groups(costs, groups), p.threads, [&](int64_t index) {
     thread_local Scratch scratch;
     scratch.reserve(p.head_dim, p.value_dim, unit_bytes);
     if (mode.rows) {
