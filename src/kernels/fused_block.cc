@@ -87,6 +87,83 @@ bool ValueTileFinite(const Context& c, int64_t b, int64_t g, int64_t k_tile, int
   return known == 1;
 }
 
+// ---- the next block's rows, asked for ahead ---------------------------------------------------
+// A block is the first reader of its 64 query rows, and under a band mask of the band's newest K
+// and V tile too: a window of 256 keys visits 5 tiles per block, so these first touches, which
+// come from memory one miss at a time at about 2 GB/s (far below the bandwidth), cost the window
+// a fifth of its time (the Q packing and the first-visit finiteness check of V, where they
+// land). While a block computes, each of its first kPrefetchVisits tiles asks for a share of the
+// next block's rows: its queries, and the keys and values its band adds.
+constexpr int64_t kPrefetchVisits = 4;
+
+struct NextBlockRows {
+  const char* q = nullptr;  // the next block's first query row; null when there is none
+  int64_t q_rows = 0, q_stride = 0, q_bytes = 0;
+  const char* k = nullptr;  // the first key row the next block's band adds (values alike)
+  const char* v = nullptr;
+  int64_t kv_rows = 0, k_stride = 0, v_stride = 0, k_bytes = 0, v_bytes = 0;
+  int64_t parts = 1;  // the visits the rows are shared among
+};
+
+const char* RowAddress(const TensorView& t, int64_t b, int64_t h, int64_t l) {
+  return static_cast<const char*>(t.data()) + t.offset({b, h, l, 0}) * dtype_size(t.dtype());
+}
+
+NextBlockRows FindNextBlockRows(const Context& c, const Block& blk, BlockMap::TileRange band) {
+  const Problem& p = *c.problem;
+  NextBlockRows next;
+  const int64_t next_first = blk.q_first + kTileQ;
+  if (next_first >= p.q_len || p.q.stride(3) != 1) return next;
+  next.q = RowAddress(p.q, blk.b, blk.h, next_first);
+  next.q_rows = std::min(kTileQ, p.q_len - next_first);
+  next.q_stride = p.q.stride(2) * dtype_size(p.q.dtype());
+  next.q_bytes = p.head_dim * dtype_size(p.q.dtype());
+  next.parts = std::clamp<int64_t>(band.end - band.first, 1, kPrefetchVisits);
+  const BlockMap::TileRange following = c.blocks->k_tile_range(blk.b, blk.h, next_first / kTileQ);
+  const int64_t new_tile = std::max(band.end, following.first);
+  if (p.pages != nullptr || new_tile >= following.end || p.k.stride(3) != 1 || p.v.stride(3) != 1) {
+    return next;
+  }
+  const int64_t g = p.kv_head(blk.h), j0 = new_tile * kTileK;
+  next.kv_rows = std::min(kTileK, p.k_len - j0);
+  next.k = RowAddress(p.k, blk.b, g, j0);
+  next.v = RowAddress(p.v, blk.b, g, j0);
+  next.k_stride = p.k.stride(2) * dtype_size(p.k.dtype());
+  next.v_stride = p.v.stride(2) * dtype_size(p.v.dtype());
+  next.k_bytes = p.head_dim * dtype_size(p.k.dtype());
+  next.v_bytes = p.value_dim * dtype_size(p.v.dtype());
+  return next;
+}
+
+// The cache lines of [first, end).
+void PrefetchBytes(const char* first, const char* end) {
+  for (uintptr_t at = reinterpret_cast<uintptr_t>(first) & ~uintptr_t{63};
+       at < reinterpret_cast<uintptr_t>(end); at += 64) {
+    hwy::Prefetch(reinterpret_cast<const char*>(at));
+  }
+}
+
+// Rows [part·rows/parts, (part + 1)·rows/parts) of `rows` rows of `bytes`, `stride` bytes apart.
+void PrefetchRowShare(const char* first, int64_t rows, int64_t stride, int64_t bytes, int64_t part,
+                      int64_t parts) {
+  if (first == nullptr) return;
+  const int64_t row_first = part * rows / parts, row_end = (part + 1) * rows / parts;
+  if (stride == bytes) {  // contiguous rows: one range
+    PrefetchBytes(first + row_first * stride, first + row_end * stride);
+    return;
+  }
+  for (int64_t r = row_first; r < row_end; ++r) {
+    PrefetchBytes(first + r * stride, first + r * stride + bytes);
+  }
+}
+
+void PrefetchNextBlock(const NextBlockRows& next, int64_t visit) {
+  if (visit >= next.parts) return;
+  PrefetchRowShare(next.q, next.q_rows, next.q_stride, next.q_bytes, visit, next.parts);
+  PrefetchRowShare(next.k, next.kv_rows, next.k_stride, next.k_bytes, visit, next.parts);
+  PrefetchRowShare(next.v, next.kv_rows, next.v_stride, next.v_bytes, visit, next.parts);
+}
+
 // ---- tile kernel: mask, finalisation, the loop -------------------------------------------------
 
 // For tests: out[n] = exp(in[n]) through the kernel's exp (count a multiple of 64).
@@ -290,9 +367,12 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
   SoftmaxStart(p, blk.h, blk.with_sink, scratch.row_max, scratch.row_sum, scratch.poisoned, kTileQ);
   std::memset(scratch.o, 0, p.value_dim * kTileQ * sizeof(float));
   int64_t pending = -1;  // the fused path's key tile whose P·V is still to come
+  const NextBlockRows next = FindNextBlockRows(c, blk, band);
+  int64_t visit = 0;
   for (int64_t k_tile = std::max(band.first, blk.k_first / kTileK); k_tile < k_tile_end; ++k_tile) {
     const TileKind kind = c.blocks->kind(blk.b, blk.h, q_tile, k_tile);
     if (kind == TileKind::empty) continue;
+    PrefetchNextBlock(next, visit++);
     if (FusedPath(c, blk, k_tile, scratch)) {
       FusedScoresAndWeights(c, blk, k_tile, kind, pending, scratch);
       pending = k_tile;
