@@ -164,6 +164,27 @@ HWY_INLINE bool AllFinite(const float* values, int64_t count) {
   return finite;
 }
 
+// AllFinite over `rows` rows of `width` values, `stride` floats apart, with one reduction at the
+// end: per row, the call, the row's offset and the reduction cost more than its 4 vectors of
+// checks (a first-visit V tile check took 1.3 µs of a window's ~30 µs block, in cache).
+HWY_INLINE bool RowsAllFinite(const float* first, int64_t rows, int64_t stride, int64_t width) {
+  using DF = hn::ScalableTag<float>;
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  auto bad = hn::Zero(df);
+  bool finite = true;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = first + r * stride;
+    int64_t n = 0;
+    for (; n + N <= width; n += N) {
+      const auto x = hn::LoadU(df, row + n);
+      bad = hn::Or(bad, hn::Sub(x, x));
+    }
+    for (; n < width; ++n) finite &= std::isfinite(row[n]);
+  }
+  return finite && hn::AllFalse(df, hn::IsNaN(bad));
+}
+
 // Row j of K or V for (b, g) as f32: a pointer into the tensor when it is f32 with contiguous
 // rows, else converted into `buffer`.
 HWY_INLINE const float* RowAsF32(const TensorView& t, int64_t b, int64_t g, int64_t j,

@@ -23,10 +23,6 @@
 
 #include <hwy/highway.h>
 
-#if HWY_ARCH_X86
-#include <immintrin.h>
-#endif
-
 #include <cstring>
 #include <vector>
 
@@ -38,46 +34,38 @@
 #include "kernels/product-inl.h"
 #include "kernels/product_unit.h"
 #include "kernels/tile_products-inl.h"
+#include "kernels/transpose-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace maskattn::detail::fused {
 namespace HWY_NAMESPACE {
 
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#ifdef MASKATTN_HAVE_TRANSPOSE16
 // Sixteen f32 queries' dims [d0, d0 + 16), scaled, into Qᵀ's columns [d0, d0 + 16) at lanes
-// [i0, i0 + 16): the rows are loaded whole and transposed in registers. A transpose swaps the bits
-// of the row index with those of the column index; stage k swaps bit k between rows r and r + 2ᵏ
-// (r without bit k) with one two-source permute each, so four stages of 16 permutes do 16 × 16.
-// Each product is (double) q · scale rounded to f32, as the scalar path computes it: the same
-// bits, which the sweep tests against the reference and the golden set compare.
+// [i0, i0 + 16): the rows are loaded whole and transposed in registers (transpose-inl.h). Each
+// product is q · scale rounded to f32 as the scalar path computes it ((double) q · scale): in f32
+// arithmetic when the scale is an f32 (1/8 for D = 64: the product of two f32 is exact in double,
+// so both round once, to the same bits), through doubles otherwise.
 HWY_INLINE void TransposeScaled16(const float* q, int64_t row_stride, double scale, float* q_t) {
   const hn::ScalableTag<float> df;
   const hn::Half<decltype(df)> dh;
   const hn::Repartition<double, decltype(df)> dd;
-  const auto scale_v = hn::Set(dd, scale);
   __m512 r[16];
-  for (int i = 0; i < 16; ++i) {
-    const auto row = hn::LoadU(df, q + i * row_stride);
-    const auto low = hn::DemoteTo(dh, hn::Mul(hn::PromoteTo(dd, hn::LowerHalf(dh, row)), scale_v));
-    const auto high = hn::DemoteTo(dh, hn::Mul(hn::PromoteTo(dd, hn::UpperHalf(dh, row)), scale_v));
-    r[i] = hn::Combine(df, high, low).raw;
-  }
-  for (int k = 0; k < 4; ++k) {
-    const int step = 1 << k;
-    alignas(64) int32_t take_a[16], take_b[16];  // lane c of the new rows r and r + 2ᵏ
-    for (int c = 0; c < 16; ++c) {
-      const bool high = (c & step) != 0;
-      take_a[c] = high ? 16 + c - step : c;
-      take_b[c] = high ? 16 + c : c + step;
-    }
-    const __m512i index_a = _mm512_load_si512(take_a), index_b = _mm512_load_si512(take_b);
-    for (int row = 0; row < 16; ++row) {
-      if ((row & step) != 0) continue;
-      const __m512 a = r[row], b = r[row + step];
-      r[row] = _mm512_permutex2var_ps(a, index_a, b);
-      r[row + step] = _mm512_permutex2var_ps(a, index_b, b);
+  if (static_cast<double>(static_cast<float>(scale)) == scale) {
+    const auto scale_f = hn::Set(df, static_cast<float>(scale));
+    for (int i = 0; i < 16; ++i) r[i] = hn::Mul(hn::LoadU(df, q + i * row_stride), scale_f).raw;
+  } else {
+    const auto scale_d = hn::Set(dd, scale);
+    for (int i = 0; i < 16; ++i) {
+      const auto row = hn::LoadU(df, q + i * row_stride);
+      const auto low = hn::PromoteTo(dd, hn::LowerHalf(dh, row));
+      const auto high = hn::PromoteTo(dd, hn::UpperHalf(dh, row));
+      r[i] = hn::Combine(df, hn::DemoteTo(dh, hn::Mul(high, scale_d)),
+                         hn::DemoteTo(dh, hn::Mul(low, scale_d)))
+                 .raw;
     }
   }
+  Transpose16(r);
   for (int c = 0; c < 16; ++c) _mm512_storeu_ps(q_t + c * kTileQ, r[c]);
 }
 #endif
@@ -88,7 +76,7 @@ HWY_INLINE void TransposeScaled16(const float* q, int64_t row_stride, double sca
 void F32BeginBlock(const Context& c, const Block& blk, Scratch& scratch) {
   const Problem& p = *c.problem;
   const int64_t dim = p.head_dim;
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#ifdef MASKATTN_HAVE_TRANSPOSE16
   if (p.q.dtype() == DType::f32 && p.q.stride(3) == 1 && blk.q_count == kTileQ && dim % 16 == 0) {
     const float* q =
         static_cast<const float*>(p.q.data()) + p.q.offset({blk.b, blk.h, blk.q_first, 0});

@@ -75,6 +75,11 @@ bool ValueTileFinite(const Context& c, int64_t b, int64_t g, int64_t k_tile, int
   const int64_t k_tiles = (p.k_len + kTileK - 1) / kTileK;
   std::atomic<uint8_t>& flag = c.v_tile_finite[(b * p.kv_heads + g) * k_tiles + k_tile];
   uint8_t known = flag.load(std::memory_order_relaxed);
+  if (known == 0 && p.pages == nullptr && p.v.dtype() == DType::f32 && p.v.stride(3) == 1) {
+    const float* first = static_cast<const float*>(p.v.data()) + p.v.offset({b, g, j0, 0});
+    known = RowsAllFinite(first, rows, p.v.stride(2), p.value_dim) ? 1 : 2;
+    flag.store(known, std::memory_order_relaxed);
+  }
   if (known == 0) {
     bool finite = true;
     for (int64_t j = j0; j < j0 + rows; ++j) {
