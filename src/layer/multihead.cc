@@ -26,8 +26,8 @@ using detail::linear;
 using detail::LinearGradients;
 using detail::load_as_f32;
 using detail::mutable_heads_view;
-using detail::rows_as_f32;
 using detail::Rows;
+using detail::rows_as_f32;
 using detail::store_as;
 
 // The calling thread's buffers for forward() and forward_cached(), kept across calls: references
