@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev       # GoogleTest
   libbenchmark-dev                # Google Benchmark (bench/)
   libhwy-dev                      # Highway: SIMD with runtime dispatch (fused kernels)
+  libdnnl-dev                     # oneDNN: the layers' dense products (src/kernels/gemm.cc)
   libcli11-dev                    # CLI11: the command line
   libfmt-dev                      # fmt: terminal output
   libstb-dev                      # stb: PNG heatmaps and their label font

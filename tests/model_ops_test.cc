@@ -1,6 +1,8 @@
-// The GPT model's building blocks (src/model/): LayerNorm, GELU, cross-entropy and the optimiser,
-// against f64 formulas written out here, central finite differences, and thread-count
-// determinism.
+// The GPT model's building blocks (src/model/): LayerNorm, GELU, the linear layers on the dense
+// library product (kernels/gemm.h), cross-entropy and the optimiser, against f64 formulas written
+// out here, central finite differences, and thread-count determinism.
+#include <omp.h>
+
 #include <cmath>
 #include <functional>
 
@@ -8,6 +10,7 @@
 #include "maskattn/model/optimizer.h"
 #include "model/gelu.h"
 #include "model/layer_norm.h"
+#include "model/linear.h"
 #include "test_util.h"
 
 namespace maskattn {
@@ -100,6 +103,52 @@ TEST(LayerNorm, SameBitsForAnyThreadCount) {
   }
   EXPECT_EQ(results[0], results[1]);
   EXPECT_EQ(results[0], results[2]);
+}
+
+// Shapes that cut the outputs into several of gemm's 64 × 512 blocks (and partial ones): 200 rows,
+// 96 → 600 features, so y and dx have 4 row blocks and y and dW 2 column blocks.
+TEST(Linear, ForwardAndBackwardMatchF64AndGiveTheSameBitsForAnyThreadCount) {
+  const int64_t rows = 200, in = 96, out = 600;
+  const std::vector<float> x = random_values(rows * in, 31), w = random_values(out * in, 32);
+  const std::vector<float> b = random_values(out, 33), dy = random_values(rows * out, 34);
+  const std::vector<float> dw_start = random_values(out * in, 35);
+  std::vector<std::vector<float>> ys, dxs, dws;
+  const int caller_threads = omp_get_max_threads();
+  for (const int threads : {1, 2, 3}) {
+    std::vector<float> y(rows * out), dx(rows * in), dw = dw_start, db(out, 0.0f);
+    model::linear_forward(x.data(), rows, in, w.data(), b.data(), out, y.data(), threads);
+    model::linear_backward(x.data(), dy.data(), rows, in, out, w.data(), dx.data(), dw.data(),
+                           db.data(), threads);
+    // oneDNN is pinned to one thread per block inside gemm's own region, not in the caller's.
+    EXPECT_EQ(omp_get_max_threads(), caller_threads) << threads;
+    ys.push_back(y);
+    dxs.push_back(dx);
+    dws.push_back(dw);
+  }
+  for (size_t t = 1; t < ys.size(); ++t) {
+    EXPECT_EQ(ys[t], ys[0]) << "forward, thread count #" << t;
+    EXPECT_EQ(dxs[t], dxs[0]) << "dx, thread count #" << t;
+    EXPECT_EQ(dws[t], dws[0]) << "dW (accumulated), thread count #" << t;
+  }
+  for (int64_t r = 0; r < rows; r += 7) {
+    for (int64_t o = 0; o < out; o += 5) {
+      double sum = b[o];
+      for (int64_t i = 0; i < in; ++i) sum += double{x[r * in + i]} * w[o * in + i];
+      EXPECT_NEAR(ys[0][r * out + o], sum, 1e-5 * (1 + std::fabs(sum))) << r << " " << o;
+    }
+    for (int64_t i = 0; i < in; i += 5) {
+      double sum = 0;
+      for (int64_t o = 0; o < out; ++o) sum += double{dy[r * out + o]} * w[o * in + i];
+      EXPECT_NEAR(dxs[0][r * in + i], sum, 1e-5 * (1 + std::fabs(sum))) << r << " " << i;
+    }
+  }
+  for (int64_t o = 0; o < out; o += 11) {
+    for (int64_t i = 0; i < in; i += 5) {
+      double sum = dw_start[o * in + i];
+      for (int64_t r = 0; r < rows; ++r) sum += double{dy[r * out + o]} * x[r * in + i];
+      EXPECT_NEAR(dws[0][o * in + i], sum, 1e-5 * (1 + std::fabs(sum))) << o << " " << i;
+    }
+  }
 }
 
 TEST(Gelu, ExactFormAndItsDerivative) {

@@ -26,6 +26,7 @@ using detail::linear;
 using detail::LinearGradients;
 using detail::load_as_f32;
 using detail::mutable_heads_view;
+using detail::Rows;
 using detail::rows_as_f32;
 using detail::store_as;
 
@@ -116,12 +117,12 @@ void MultiHeadAttention::forward(const TensorView& query, const TensorView& key,
   scratch.q.resize(q_count);
   scratch.k.resize(k_count);
   scratch.v.resize(v_count);
-  linear(xq, batch * q_len, query_dim(), q_weight_t_, w.q_bias, heads_ * head_dim_,
-         scratch.q.data(), threads);
-  linear(xk, batch * k_len, key_dim(), k_weight_t_, w.k_bias, kv_heads_ * head_dim_,
-         scratch.k.data(), threads);
-  linear(xv, batch * k_len, value_dim(), v_weight_t_, w.v_bias, kv_heads_ * head_value_dim_,
-         scratch.v.data(), threads);
+  linear(xq, batch * q_len, query_dim(), {w.q_weight, q_weight_t_, w.q_bias}, heads_ * head_dim_,
+         scratch.q.data(), threads, Rows::batched);
+  linear(xk, batch * k_len, key_dim(), {w.k_weight, k_weight_t_, w.k_bias}, kv_heads_ * head_dim_,
+         scratch.k.data(), threads, Rows::batched);
+  linear(xv, batch * k_len, value_dim(), {w.v_weight, v_weight_t_, w.v_bias},
+         kv_heads_ * head_value_dim_, scratch.v.data(), threads, Rows::batched);
   store_as(dtype, scratch.q.data(), q_count, scratch.q_bytes);
   store_as(dtype, scratch.k.data(), k_count, scratch.k_bytes);
   store_as(dtype, scratch.v.data(), v_count, scratch.v_bytes);
@@ -141,8 +142,8 @@ void MultiHeadAttention::forward(const TensorView& query, const TensorView& key,
 
   // The heads' outputs, merged by layout, through the output projection.
   detail::output_projection(load_as_f32(dtype, scratch.heads_bytes, o_count, scratch.heads_f32),
-                            heads_ * head_value_dim_, out_weight_t_, w.out_bias, out,
-                            scratch.out_rows, threads);
+                            heads_ * head_value_dim_, {w.out_weight, out_weight_t_, w.out_bias},
+                            out, scratch.out_rows, threads, Rows::batched);
 
   if (saved != nullptr) {
     saved->batch = batch;
@@ -193,12 +194,12 @@ void MultiHeadAttention::forward_cached(const TensorView& query, KVCache& cache,
   scratch.q.resize(q_count);
   scratch.k.resize(rows * kv_heads_ * head_dim_);
   scratch.v.resize(rows * kv_heads_ * head_value_dim_);
-  linear(x, rows, query_dim(), q_weight_t_, w.q_bias, heads_ * head_dim_, scratch.q.data(),
-         threads);
-  linear(x, rows, query_dim(), k_weight_t_, w.k_bias, kv_heads_ * head_dim_, scratch.k.data(),
-         threads);
-  linear(x, rows, query_dim(), v_weight_t_, w.v_bias, kv_heads_ * head_value_dim_, scratch.v.data(),
-         threads);
+  linear(x, rows, query_dim(), {w.q_weight, q_weight_t_, w.q_bias}, heads_ * head_dim_,
+         scratch.q.data(), threads, Rows::per_row);
+  linear(x, rows, query_dim(), {w.k_weight, k_weight_t_, w.k_bias}, kv_heads_ * head_dim_,
+         scratch.k.data(), threads, Rows::per_row);
+  linear(x, rows, query_dim(), {w.v_weight, v_weight_t_, w.v_bias}, kv_heads_ * head_value_dim_,
+         scratch.v.data(), threads, Rows::per_row);
   store_as(dtype, scratch.q.data(), q_count, scratch.q_bytes);
   scratch.heads_bytes.resize(static_cast<size_t>(o_count) * dtype_size(dtype));
 
@@ -217,8 +218,8 @@ void MultiHeadAttention::forward_cached(const TensorView& query, KVCache& cache,
     throw;
   }
   detail::output_projection(load_as_f32(dtype, scratch.heads_bytes, o_count, scratch.heads_f32),
-                            heads_ * head_value_dim_, out_weight_t_, w.out_bias, out,
-                            scratch.out_rows, threads);
+                            heads_ * head_value_dim_, {w.out_weight, out_weight_t_, w.out_bias},
+                            out, scratch.out_rows, threads, Rows::per_row);
 }
 
 LayerGradients MultiHeadAttention::backward(const LayerActivations& saved, const TensorView& dout,

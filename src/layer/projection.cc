@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/element.h"
+#include "kernels/gemm.h"
 #include "kernels/matmul.h"
 
 namespace maskattn::detail {
@@ -66,12 +67,20 @@ const float* rows_as_f32(const TensorView& x, std::vector<float>& buffer) {
   return buffer.data();
 }
 
-void linear(const float* x, int64_t rows, int64_t in, const std::vector<float>& weight_t,
-            const Array<float>& bias, int64_t out, float* y, int threads) {
-  if (!bias.empty()) {
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(y + r * out, bias.data(), out * sizeof(float));
+void linear(const float* x, int64_t rows, int64_t in, const Projection& projection, int64_t out,
+            float* y, int threads, Rows path) {
+  const bool bias = !projection.bias.empty();
+  if (bias) {
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(y + r * out, projection.bias.data(), out * sizeof(float));
+    }
   }
-  matmul(x, in, 1, rows, in, weight_t.data(), out, out, y, out, !bias.empty(), threads);
+  if (path == Rows::per_row) {
+    matmul(x, in, 1, rows, in, projection.weight_t.data(), out, out, y, out, bias, threads);
+    return;
+  }
+  gemm(Layout::as_stored, Layout::transposed, rows, out, in, x, in, projection.weight.data(), in, y,
+       out, bias, threads);
 }
 
 void store_as(DType dtype, const float* values, int64_t count, std::vector<uint8_t>& bytes) {
@@ -94,14 +103,14 @@ const float* load_as_f32(DType dtype, const std::vector<uint8_t>& bytes, int64_t
   return buffer.data();
 }
 
-void output_projection(const float* heads, int64_t in, const std::vector<float>& weight_t,
-                       const Array<float>& bias, const MutableTensorView& out,
-                       std::vector<float>& buffer, int threads) {
+void output_projection(const float* heads, int64_t in, const Projection& projection,
+                       const MutableTensorView& out, std::vector<float>& buffer, int threads,
+                       Rows path) {
   const int64_t rows = out.size(0) * out.size(1), width = out.size(2);
   const bool direct = is_contiguous_f32(out);
   if (!direct) buffer.resize(static_cast<size_t>(rows * width));
   float* y = direct ? static_cast<float*>(out.mutable_data()) : buffer.data();
-  linear(heads, rows, in, weight_t, bias, width, y, threads);
+  linear(heads, rows, in, projection, width, y, threads, path);
   if (!direct) store_rows(y, out);
 }
 
@@ -109,9 +118,11 @@ LinearGradients linear_backward(const float* x, const float* dy, int64_t rows, i
                                 int64_t out, const Array<float>& weight, bool bias,
                                 const Dims& x_shape, int threads) {
   std::vector<float> dweight(static_cast<size_t>(out * in));
-  matmul(dy, 1, out, out, rows, x, in, in, dweight.data(), in, false, threads);
+  gemm(Layout::transposed, Layout::as_stored, out, in, rows, dy, out, x, in, dweight.data(), in,
+       false, threads);
   std::vector<float> dx(static_cast<size_t>(rows * in));
-  matmul(dy, out, 1, rows, out, weight.data(), in, in, dx.data(), in, false, threads);
+  gemm(Layout::as_stored, Layout::as_stored, rows, in, out, dy, out, weight.data(), in, dx.data(),
+       in, false, threads);
   LinearGradients result{
       Array<float>(x_shape, std::move(dx)), Array<float>({out, in}, std::move(dweight)), {}};
   if (bias) result.dbias = column_sums(dy, rows, out);

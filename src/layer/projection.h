@@ -1,5 +1,6 @@
-// The layer's per-token arithmetic on f32 rows: projections (nn.Linear) on the dense product
-// kernel and their gradients, conversion between a [B, L, E] view and contiguous rows, and the
+// The layer's per-token arithmetic on f32 rows: projections (nn.Linear) and their gradients on
+// the dense products (kernels/gemm.h for the layer's forward and backward, kernels/matmul.h for the
+// KV-cache path), conversion between a [B, L, E] view and contiguous rows, and the
 // [B, L, H·W] buffer seen as the [B, H, L, W] heads the attention kernel takes.
 #pragma once
 
@@ -33,17 +34,34 @@ void store_as(DType dtype, const float* values, int64_t count, std::vector<uint8
 const float* load_as_f32(DType dtype, const std::vector<uint8_t>& bytes, int64_t count,
                          std::vector<float>& buffer);
 
-// y [rows, out] = x [rows, in] · Wᵀ + bias, with Wᵀ given as [in, out].
-void linear(const float* x, int64_t rows, int64_t in, const std::vector<float>& weight_t,
-            const Array<float>& bias, int64_t out, float* y, int threads);
+// Which product a projection runs on. `batched` (forward and backward over whole sequences): the
+// library product of kernels/gemm.h, the fastest on many rows, with bits that do not depend on the
+// thread count. `per_row` (forward_cached, i.e. prefill and decoding through the KV cache):
+// kernels/matmul.h, whose rows come out bitwise the same whatever other rows share the call (a
+// padded batch decodes exactly as its sequences alone) and which has no library overhead on a
+// decode step's one row.
+enum class Rows : uint8_t { batched, per_row };
+
+// A projection's weights: W [out, in] as nn.Linear stores it, its transpose [in, out] (what
+// kernels/matmul.h reads), and the bias [out] or empty.
+struct Projection {
+  const Array<float>& weight;
+  const std::vector<float>& weight_t;
+  const Array<float>& bias;
+};
+
+// y [rows, out] = x [rows, in] · Wᵀ + bias.
+void linear(const float* x, int64_t rows, int64_t in, const Projection& projection, int64_t out,
+            float* y, int threads, Rows path);
 
 // out [B, L, E] = heads [B·L, in] · Wᵀ + bias: straight into `out` when it is contiguous f32, else
 // through `buffer`.
-void output_projection(const float* heads, int64_t in, const std::vector<float>& weight_t,
-                       const Array<float>& bias, const MutableTensorView& out,
-                       std::vector<float>& buffer, int threads);
+void output_projection(const float* heads, int64_t in, const Projection& projection,
+                       const MutableTensorView& out, std::vector<float>& buffer, int threads,
+                       Rows path);
 
-// The gradients of y = x·Wᵀ + b from dy: dW = dyᵀ·x [out, in], db = Σ dy, and dx = dy·W.
+// The gradients of y = x·Wᵀ + b from dy: dW = dyᵀ·x [out, in], db = Σ dy, and dx = dy·W (on
+// kernels/gemm.h).
 struct LinearGradients {
   Array<float> dx, dweight, dbias;
 };

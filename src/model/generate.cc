@@ -72,11 +72,11 @@ const std::vector<float>& GptDecoder::feed(const std::vector<int32_t>& tokens) {
     for (int64_t n = 0; n < T * E; ++n) x_[n] += attended_[n];
     layer_norm_forward(x_.data(), T, E, params_ + o.ln_2_weight, params_ + o.ln_2_bias,
                        config.ln_eps, normed_.data(), mean_.data(), rstd_.data(), threads_);
-    linear_forward(normed_.data(), T, E, layer.fc_t.data(), params_ + o.c_fc_bias, H4,
-                   hidden_.data(), threads_);
+    linear_forward_per_row(normed_.data(), T, E, layer.fc_t.data(), params_ + o.c_fc_bias, H4,
+                           hidden_.data(), threads_);
     gelu_forward(hidden_.data(), T * H4, activated_.data(), threads_);
-    linear_forward(activated_.data(), T, H4, layer.proj_t.data(), params_ + o.mlp_proj_bias, E,
-                   attended_.data(), threads_);
+    linear_forward_per_row(activated_.data(), T, H4, layer.proj_t.data(), params_ + o.mlp_proj_bias,
+                           E, attended_.data(), threads_);
     for (int64_t n = 0; n < T * E; ++n) x_[n] += attended_[n];
   }
   // The last position only: ln_f, then the tied head.

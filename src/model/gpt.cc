@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-#include "kernels/matmul.h"
+#include "kernels/gemm.h"
 #include "maskattn/error.h"
 #include "model/gelu.h"
 #include "model/layer_norm.h"
@@ -144,25 +144,23 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
     charge(&GptTimings::attention);
     // MLP.
     layer_norm(s.x_mid, o.ln_2_weight, o.ln_2_bias, s.ln_2, s.ln_2_mean, s.ln_2_rstd);
-    transpose(params + o.c_fc_weight, H4, E, s.fc_t);
-    transpose(params + o.mlp_proj_weight, E, H4, s.proj_t);
     s.fc.resize(rows * H4);
     s.act.resize(rows * H4);
-    linear_forward(s.ln_2.data(), rows, E, s.fc_t.data(), params + o.c_fc_bias, H4, s.fc.data(),
-                   threads);
+    linear_forward(s.ln_2.data(), rows, E, params + o.c_fc_weight, params + o.c_fc_bias, H4,
+                   s.fc.data(), threads);
     gelu_forward(s.fc.data(), rows * H4, s.act.data(), threads);
-    linear_forward(s.act.data(), rows, H4, s.proj_t.data(), params + o.mlp_proj_bias, E,
+    linear_forward(s.act.data(), rows, H4, params + o.mlp_proj_weight, params + o.mlp_proj_bias, E,
                    residual_.data(), threads);
     add_into(residual_.data(), s.x_mid.data(), rows * E);
     charge(&GptTimings::mlp);
   }
   layer_norm(residual_, parameters_.ln_f_weight(), parameters_.ln_f_bias(), ln_f_, ln_f_mean_,
              ln_f_rstd_);
-  transpose(wte, V, E, wte_t_);
   charge(&GptTimings::layer_norm);
   logits_.resize(rows * V);
-  detail::matmul(ln_f_.data(), E, 1, rows, E, wte_t_.data(), V, V, logits_.data(), V, false,
-                 threads);
+  // The tied LM head: logits = ln_f · wteᵀ.
+  detail::gemm(detail::Layout::as_stored, detail::Layout::transposed, rows, V, E, ln_f_.data(), E,
+               wte, E, logits_.data(), V, false, threads);
   charge(&GptTimings::embedding_head_loss);
 }
 
@@ -176,8 +174,11 @@ void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int
   // The LM head (tied): dln_f = dlogits·wte, dwte += dlogitsᵀ·ln_f.
   const float* dlogits = logits_.data();
   scratch_a_.resize(rows * E);
-  detail::matmul(dlogits, V, 1, rows, V, wte, E, E, scratch_a_.data(), E, false, threads);
-  detail::matmul(dlogits, 1, V, V, rows, ln_f_.data(), E, E, dwte, E, true, threads);
+  using detail::Layout;
+  detail::gemm(Layout::as_stored, Layout::as_stored, rows, E, V, dlogits, V, wte, E,
+               scratch_a_.data(), E, false, threads);
+  detail::gemm(Layout::transposed, Layout::as_stored, V, E, rows, dlogits, V, ln_f_.data(), E, dwte,
+               E, true, threads);
   charge(&GptTimings::embedding_head_loss);
   dx_.resize(rows * E);
   layer_norm_backward(residual_.data(), scratch_a_.data(), rows, E,

@@ -1,7 +1,8 @@
-// Dense layers of the GPT model on the library's f32 product (kernels/matmul.h): y = x·Wᵀ + b
-// with W [out, in] as PyTorch's nn.Linear stores it, its backward, and the transposes the product
-// needs (it reads its right operand by rows). Every element is one sum in a fixed order, so results
-// do not depend on the thread count.
+// Dense layers of the GPT model: y = x·Wᵀ + b with W [out, in] as PyTorch's nn.Linear stores it,
+// and its backward. Training (whole batches) runs on the library product of kernels/gemm.h, whose
+// bits do not depend on the thread count; the decoders (one or a few rows per step, served batches
+// that must equal each request alone) run on kernels/matmul.h, where every row is one sum in a
+// fixed order whatever other rows share the call, and which reads Wᵀ by rows.
 #pragma once
 
 #include <cstdint>
@@ -12,9 +13,14 @@ namespace maskattn::model {
 // out [cols, rows] = in [rows, cols] transposed.
 void transpose(const float* in, int64_t rows, int64_t cols, std::vector<float>& out);
 
-// y [rows, out] = x [rows, in] · Wᵀ + b, given wt = Wᵀ [in, out].
-void linear_forward(const float* x, int64_t rows, int64_t in, const float* wt, const float* b,
+// y [rows, out] = x [rows, in] · Wᵀ + b, given W [out, in] (kernels/gemm.h).
+void linear_forward(const float* x, int64_t rows, int64_t in, const float* w, const float* b,
                     int64_t out, float* y, int threads);
+
+// The same on kernels/matmul.h, given wt = Wᵀ [in, out]: each row's bits do not depend on the
+// other rows (the decoders' path).
+void linear_forward_per_row(const float* x, int64_t rows, int64_t in, const float* wt,
+                            const float* b, int64_t out, float* y, int threads);
 
 // For y = x·Wᵀ + b: dx = dy·W (overwritten), dW += dyᵀ·x, db += Σ_rows dy (in row order).
 void linear_backward(const float* x, const float* dy, int64_t rows, int64_t in, int64_t out,

@@ -192,8 +192,8 @@ void PagedGptDecoder::layer_forward(int64_t layer, const std::vector<PagedEntry>
   activated_.resize(rows * H4);
   layer_norm_forward(x_.data(), rows, E, params_ + o.ln_1_weight, params_ + o.ln_1_bias,
                      config.ln_eps, normed_.data(), mean_.data(), rstd_.data(), threads_);
-  linear_forward(normed_.data(), rows, E, qkv_t_[layer].data(), params_ + o.c_attn_bias, 3 * E,
-                 qkv_.data(), threads_);
+  linear_forward_per_row(normed_.data(), rows, E, qkv_t_[layer].data(), params_ + o.c_attn_bias,
+                         3 * E, qkv_.data(), threads_);
   // Keys and values of each entry: [Hkv, T, D] views into its rows of the c_attn output.
   for (size_t e = 0; e < entries.size(); ++e) {
     const float* first = qkv_.data() + first_row_[e] * 3 * E;
@@ -203,16 +203,16 @@ void PagedGptDecoder::layer_forward(int64_t layer, const std::vector<PagedEntry>
   }
   attend_short(layer, entries);
   attend_long(layer, entries);
-  linear_forward(attended_.data(), rows, E, out_t_[layer].data(), params_ + o.attn_proj_bias, E,
-                 normed_.data(), threads_);
+  linear_forward_per_row(attended_.data(), rows, E, out_t_[layer].data(),
+                         params_ + o.attn_proj_bias, E, normed_.data(), threads_);
   add_into(x_.data(), normed_.data(), rows * E);
   layer_norm_forward(x_.data(), rows, E, params_ + o.ln_2_weight, params_ + o.ln_2_bias,
                      config.ln_eps, normed_.data(), mean_.data(), rstd_.data(), threads_);
-  linear_forward(normed_.data(), rows, E, fc_t_[layer].data(), params_ + o.c_fc_bias, H4,
-                 hidden_.data(), threads_);
+  linear_forward_per_row(normed_.data(), rows, E, fc_t_[layer].data(), params_ + o.c_fc_bias, H4,
+                         hidden_.data(), threads_);
   gelu_forward(hidden_.data(), rows * H4, activated_.data(), threads_);
-  linear_forward(activated_.data(), rows, H4, proj_t_[layer].data(), params_ + o.mlp_proj_bias, E,
-                 normed_.data(), threads_);
+  linear_forward_per_row(activated_.data(), rows, H4, proj_t_[layer].data(),
+                         params_ + o.mlp_proj_bias, E, normed_.data(), threads_);
   add_into(x_.data(), normed_.data(), rows * E);
 }
 

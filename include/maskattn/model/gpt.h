@@ -38,7 +38,6 @@ struct GptBlockState {
   LayerActivations attention;
   std::vector<float> x_mid, ln_2, ln_2_mean, ln_2_rstd;  // x_in + attn(...), ln_2(x_mid)
   std::vector<float> fc, act;                            // c_fc(ln_2) and gelu of it [rows, 4E]
-  std::vector<float> fc_t, proj_t;                       // c_fc and mlp.c_proj transposed
 };
 
 // Layer `layer`'s attention weights from the flat parameters: Q, K, V are attn.c_attn's three row
@@ -89,7 +88,7 @@ class Gpt {
   // Buffers kept across calls (sized on first use): no per-step allocation of activations.
   std::vector<GptBlockState> blocks_;
   std::vector<MultiHeadAttention> attention_;
-  std::vector<float> residual_, ln_f_, ln_f_mean_, ln_f_rstd_, logits_, wte_t_;
+  std::vector<float> residual_, ln_f_, ln_f_mean_, ln_f_rstd_, logits_;
   std::vector<float> dx_, scratch_a_, scratch_b_, scratch_h_;
   Mask mask_;
   GptTimings* timings_ = nullptr;
