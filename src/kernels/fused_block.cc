@@ -162,6 +162,20 @@ void PrefetchRowShare(const char* first, int64_t rows, int64_t stride, int64_t b
   }
 }
 
+// The K and V rows of key tile `k_tile`, all at once: for a tile the block jumps to (BigBird's
+// random and global blocks, Longformer's global tiles), which no hardware prefetcher foresees.
+void PrefetchKeyTile(const Context& c, const Block& blk, int64_t k_tile) {
+  const Problem& p = *c.problem;
+  if (p.pages != nullptr || p.k.stride(3) != 1 || p.v.stride(3) != 1) return;
+  const int64_t g = p.kv_head(blk.h), j0 = k_tile * kTileK;
+  const int64_t rows = std::min(kTileK, p.k_len - j0);
+  const int64_t k_size = dtype_size(p.k.dtype()), v_size = dtype_size(p.v.dtype());
+  PrefetchRowShare(RowAddress(p.k, blk.b, g, j0), rows, p.k.stride(2) * k_size, p.head_dim * k_size,
+                   0, 1);
+  PrefetchRowShare(RowAddress(p.v, blk.b, g, j0), rows, p.v.stride(2) * v_size,
+                   p.value_dim * v_size, 0, 1);
+}
+
 void PrefetchNextBlock(const NextBlockRows& next, int64_t visit) {
   if (visit >= next.parts) return;
   PrefetchRowShare(next.q, next.q_rows, next.q_stride, next.q_bytes, visit, next.parts);
@@ -361,6 +375,20 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
   TileOutput(c, blk, g, j0, rows, finite, active, scratch);
 }
 
+// The block's first non-empty key tile in [from, end) (`end` when there is none), and its kind.
+struct VisitedTile {
+  int64_t k_tile;
+  TileKind kind;
+};
+VisitedTile NextVisitedTile(const Context& c, const Block& blk, int64_t q_tile, int64_t from,
+                            int64_t end) {
+  for (; from < end; ++from) {
+    const TileKind kind = c.blocks->kind(blk.b, blk.h, q_tile, from);
+    if (kind != TileKind::empty) return {from, kind};
+  }
+  return {end, TileKind::empty};
+}
+
 // The tile kernel: the FlashAttention-2 loop of the essay above over the block's key tiles.
 void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
   const Problem& p = *c.problem;
@@ -374,9 +402,13 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
   int64_t pending = -1;  // the fused path's key tile whose P·V is still to come
   const NextBlockRows next = FindNextBlockRows(c, blk, band);
   int64_t visit = 0;
-  for (int64_t k_tile = std::max(band.first, blk.k_first / kTileK); k_tile < k_tile_end; ++k_tile) {
-    const TileKind kind = c.blocks->kind(blk.b, blk.h, q_tile, k_tile);
-    if (kind == TileKind::empty) continue;
+  VisitedTile tile =
+      NextVisitedTile(c, blk, q_tile, std::max(band.first, blk.k_first / kTileK), k_tile_end);
+  while (tile.k_tile < k_tile_end) {
+    const int64_t k_tile = tile.k_tile;
+    const TileKind kind = tile.kind;
+    tile = NextVisitedTile(c, blk, q_tile, k_tile + 1, k_tile_end);
+    if (tile.k_tile < k_tile_end && tile.k_tile != k_tile + 1) PrefetchKeyTile(c, blk, tile.k_tile);
     PrefetchNextBlock(next, visit++);
     if (FusedPath(c, blk, k_tile, scratch)) {
       FusedScoresAndWeights(c, blk, k_tile, kind, pending, scratch);
