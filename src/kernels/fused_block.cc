@@ -367,10 +367,15 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
   }
   if (allowed != nullptr)
     ApplyMask(allowed, active != nullptr ? *active : AllRows(rows), scratch.s);
-  SoftmaxStepColumns<kTileQ>(scratch.s, rows, scratch.row_max, scratch.row_sum, scratch.alpha,
-                             scratch.poisoned, active != nullptr ? active->first : nullptr,
-                             active != nullptr ? active->end : nullptr, kLaneBlock,
-                             TileKeepBits(c, blk, j0, scratch));
+  const uint64_t* keep = TileKeepBits(c, blk, j0, scratch);
+  if (active == nullptr && keep == nullptr) {
+    SoftmaxStepWholeColumns<kTileQ>(scratch.s, rows, scratch.row_max, scratch.row_sum,
+                                    scratch.alpha, scratch.poisoned);
+  } else {
+    SoftmaxStepColumns<kTileQ>(scratch.s, rows, scratch.row_max, scratch.row_sum, scratch.alpha,
+                               scratch.poisoned, active != nullptr ? active->first : nullptr,
+                               active != nullptr ? active->end : nullptr, kLaneBlock, keep);
+  }
   const bool finite = ValueTileFinite(c, blk.b, g, k_tile, j0, rows, scratch.v);
   TileOutput(c, blk, g, j0, rows, finite, active, scratch);
 }

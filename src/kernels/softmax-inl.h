@@ -78,6 +78,54 @@ HWY_INLINE hn::Mask<DF> PoisonedScores(DF df, VF s) {
 // With `keep` (attention dropout, kernels/dropout-inl.h: bit i of keep[j], query i kept for key
 // j), the sum counts every weight and the weights stored are the kept ones: dropout acts on the
 // normalised weights, so its zeros must not reach the denominator.
+// SoftmaxStepColumns on whole columns (no active rows, no dropout): every vector of queries at
+// once, so that the running maxima and sums of the vectors are independent chains. One vector's
+// chain alone waits a max's or an add's latency per key (64 per tile, four times over); the
+// vectors together fill those waits. Each lane still reduces its keys in order, j = 0, 1, …: the
+// same bits as one vector at a time.
+template <int64_t kLanes>
+HWY_INLINE void SoftmaxStepWholeColumns(float* HWY_RESTRICT s, int64_t rows,
+                                        float* HWY_RESTRICT row_max, float* HWY_RESTRICT row_sum,
+                                        float* HWY_RESTRICT alpha, float* HWY_RESTRICT poisoned) {
+  using DF = hn::ScalableTag<float>;
+  const DF df;
+  constexpr size_t N = hn::MaxLanes(DF());
+  constexpr size_t V = static_cast<size_t>(kLanes) / N;
+  static_assert(V * N == static_cast<size_t>(kLanes), "whole vectors of queries");
+  hn::Vec<DF> m[V], m_used[V], sum[V];
+  hn::Mask<DF> bad[V];
+  for (size_t v = 0; v < V; ++v) {
+    m[v] = hn::LoadU(df, row_max + v * N);
+    bad[v] = hn::Ne(hn::LoadU(df, poisoned + v * N), hn::Zero(df));
+  }
+  for (int64_t j = 0; j < rows; ++j) {
+    for (size_t v = 0; v < V; ++v) {
+      const auto x = hn::LoadU(df, s + j * kLanes + v * N);
+      m[v] = hn::Max(m[v], x);
+      bad[v] = hn::Or(bad[v], PoisonedScores(df, x));
+    }
+  }
+  for (size_t v = 0; v < V; ++v) {
+    m_used[v] = UsedMax(df, m[v]);
+    sum[v] = hn::Zero(df);
+  }
+  for (int64_t j = 0; j < rows; ++j) {
+    for (size_t v = 0; v < V; ++v) {
+      float* at = s + j * kLanes + v * N;
+      const auto w = ExpNonPositive(df, hn::Sub(hn::LoadU(df, at), m_used[v]));
+      hn::StoreU(w, df, at);
+      sum[v] = hn::Add(sum[v], w);
+    }
+  }
+  for (size_t v = 0; v < V; ++v) {
+    const auto a = ExpNonPositive(df, hn::Sub(hn::LoadU(df, row_max + v * N), m_used[v]));
+    hn::StoreU(hn::MulAdd(a, hn::LoadU(df, row_sum + v * N), sum[v]), df, row_sum + v * N);
+    hn::StoreU(m[v], df, row_max + v * N);
+    hn::StoreU(a, df, alpha + v * N);
+    hn::StoreU(hn::IfThenElseZero(bad[v], hn::Set(df, 1.0f)), df, poisoned + v * N);
+  }
+}
+
 template <int64_t kLanes>
 HWY_INLINE void SoftmaxStepColumns(float* HWY_RESTRICT s, int64_t rows, float* HWY_RESTRICT row_max,
                                    float* HWY_RESTRICT row_sum, float* HWY_RESTRICT alpha,
