@@ -113,10 +113,28 @@ inline void ActiveLanes(const ActiveRows& active, int64_t r, int64_t count, int6
   }
 }
 
-// The scores every lane block reads: its active rows.
+// The scores every lane block reads: its active rows. Where eight rows need one vector of queries
+// (a triangle's tip), they go as one 8 × 1 block: four rows × one vector is only four independent
+// accumulators, half of what two FMA pipes of latency 4 need to stay busy.
 inline void ScoresActive(const float* k, int64_t k_stride, int64_t rows, int64_t dim,
                          const float* q_t, const ActiveRows& active, float* s) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
   int64_t r = 0, lane_first = 0, lane_end = 0;
+  for (; r + 8 <= rows; r += 8) {
+    ActiveLanes(active, r, 8, lane_first, lane_end);
+    if (lane_first >= lane_end) continue;
+    if (lane_end - lane_first == N) {
+      ScoreBlock<8, 1>(k + r * k_stride, k_stride, dim, q_t + lane_first,
+                       s + r * kProductLanes + lane_first);
+      continue;
+    }
+    for (int64_t half = r; half < r + 8; half += 4) {
+      ActiveLanes(active, half, 4, lane_first, lane_end);
+      if (lane_first >= lane_end) continue;
+      ScoreLanes<4>(k + half * k_stride, k_stride, dim, q_t, s + half * kProductLanes, lane_first,
+                    lane_end);
+    }
+  }
   for (; r + 4 <= rows; r += 4) {
     ActiveLanes(active, r, 4, lane_first, lane_end);
     if (lane_first >= lane_end) continue;
