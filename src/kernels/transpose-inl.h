@@ -1,10 +1,10 @@
 // A 16 × 16 f32 transpose in AVX-512 registers, compiled per Highway target (the "-inl.h"
 // convention) and defined on AVX-512 targets only (MASKATTN_HAVE_TRANSPOSE16): the tile kernel
-// holds a block transposed (queries across lanes, fused_block.cc), so its queries come in through a
-// transpose (f32_fma.cc's Qᵀ). Done one value at a time (64 strided stores per query row) it cost a
-// sliding window, whose blocks visit only five tiles, about 5 % of its time; in registers a
-// 16 × 16 square is 64 permutes. (The way out, Oᵀ into the output rows, measured no faster
-// transposed than scattered: its time is the stores' own.)
+// holds a block transposed (queries across lanes, fused_block.cc), so its queries come in and its
+// normalised outputs go out through a transpose (f32_fma.cc's Qᵀ, fused_block.cc's
+// NormaliseBlock). Done one value at a time (64 strided stores per query row, or a scatter per
+// vector) these cost a sliding window, whose blocks visit only five tiles, about 5 % and 3 % of
+// its time; in registers a 16 × 16 square is 64 permutes.
 //
 // Design. A transpose swaps the bits of the row index with those of the column index. Stage k
 // swaps bit k: rows r and r + 2ᵏ (r without bit k) exchange the lanes whose bit k differs from
