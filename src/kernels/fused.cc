@@ -188,6 +188,17 @@ struct RowWriter {
     store_row(out, out.offset({b, h, i, 0}), out.stride(3), values, value_dim);
     if (!lse.is_null()) static_cast<float*>(lse.mutable_data())[lse.offset({b, h, i, 0})] = row_lse;
   }
+  // Rows [i, i + count) of (b, h), `value_dim` apart in `values`.
+  void block(int64_t b, int64_t h, int64_t i, int64_t count, const float* values,
+             const float* row_lse) const {
+    if (out.numel() > 0) {
+      store_rows(out, out.offset({b, h, i, 0}), out.stride(2), out.stride(3), values, count,
+                 value_dim);
+    }
+    if (lse.is_null()) return;
+    float* first = static_cast<float*>(lse.mutable_data()) + lse.offset({b, h, i, 0});
+    for (int64_t r = 0; r < count; ++r) first[r * lse.stride(2)] = row_lse[r];
+  }
 };
 
 // Split-key partial results: [item][row][Dv] and [item][row].
@@ -208,9 +219,7 @@ void run_tile_item(const Context& context, const Item& item, const RowWriter& wr
     block.k_first = 0;
     block.k_end = item.k_end;
     attend_block(context, block, scratch);
-    for (int64_t i = 0; i < block.q_count; ++i) {
-      write(block.b, block.h, block.q_first + i, scratch.out + i * write.value_dim, scratch.lse[i]);
-    }
+    write.block(block.b, block.h, block.q_first, block.q_count, scratch.out, scratch.lse);
   }
 }
 

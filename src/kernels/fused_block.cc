@@ -444,6 +444,16 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
            scratch.row_sum, scratch.poisoned, scratch.out, scratch.lse);
 }
 
+// store_row over `rows` rows `row_stride` elements apart, from values `count` apart: one dispatch
+// and no offset arithmetic per row (a block's 64 rows, which a sliding window writes every five
+// tiles).
+void StoreRows(const MutableTensorView& t, int64_t offset, int64_t row_stride, int64_t stride,
+               const float* values, int64_t rows, int64_t count) {
+  for (int64_t r = 0; r < rows; ++r) {
+    StoreRow(t, offset + r * row_stride, stride, values + r * count, count);
+  }
+}
+
 uint64_t DropoutRowBitsForTest(const DropoutRule& rule, uint32_t bh, int64_t q, int64_t kv) {
   return DropoutRowBitsAt(rule, bh, q, kv);
 }
@@ -498,6 +508,12 @@ HWY_EXPORT(StoreRow);
 void store_row(const MutableTensorView& t, int64_t offset, int64_t stride, const float* values,
                int64_t count) {
   HWY_DYNAMIC_DISPATCH(StoreRow)(t, offset, stride, values, count);
+}
+HWY_EXPORT(StoreRows);
+
+void store_rows(const MutableTensorView& t, int64_t offset, int64_t row_stride, int64_t stride,
+                const float* values, int64_t rows, int64_t count) {
+  HWY_DYNAMIC_DISPATCH(StoreRows)(t, offset, row_stride, stride, values, rows, count);
 }
 
 void attend_block(const Context& context, const Block& block, Scratch& scratch) {
