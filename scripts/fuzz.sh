@@ -10,7 +10,8 @@ shift || true
 names=("$@")
 [[ ${#names[@]} -gt 0 ]] || names=(npy mask_spec attention)
 
-cmake --preset fuzz >/dev/null
+source scripts/ccache-env.sh
+cmake --preset fuzz "${ccache_launcher[@]}" >/dev/null
 cmake --build --preset fuzz -j "$(nproc)"
 
 artifacts="build/fuzz/artifacts"

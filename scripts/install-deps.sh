@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   g++ make cmake pkg-config git   # toolchain (OpenMP comes with g++)
+  ccache                          # compiler cache: unchanged sources are not recompiled (scripts/ccache-env.sh)
   libgtest-dev libgmock-dev       # GoogleTest
   libbenchmark-dev                # Google Benchmark (bench/)
   libhwy-dev                      # Highway: SIMD with runtime dispatch (fused kernels)

@@ -29,15 +29,16 @@ esac
 
 scripts/install-deps.sh
 scripts/check-format.sh
+source scripts/ccache-env.sh
 
 for preset in release asan; do
   echo "=== ${preset}: configure, build, test ==="
-  cmake --preset "$preset" -DMASKATTN_WERROR=ON >/dev/null
+  cmake --preset "$preset" -DMASKATTN_WERROR=ON "${ccache_launcher[@]}" >/dev/null
   cmake --build --preset "$preset" -j "$jobs"
   ctest --preset "$preset" -j "$jobs"
   if [[ "$preset" == release ]]; then
     echo "=== python: install the package and the test requirements into .venv, run pytest ==="
-    CMAKE_ARGS="-DMASKATTN_WERROR=ON" scripts/python-env.sh --test
+    CMAKE_ARGS="-DMASKATTN_WERROR=ON ${ccache_launcher[*]}" scripts/python-env.sh --test
     .venv/bin/python -m pytest python/tests -q
   fi
 done
