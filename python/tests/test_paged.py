@@ -24,14 +24,21 @@ def filled(format_, lengths, heads=2, dim=32, block=16, seed=0):
     return cache, ids
 
 
+def decoded_rows(cache, sequence, group):
+    """The sequence's decoded keys and values in float64, each kv head repeated for its `group`
+    query heads: [Hq, n, D]."""
+    k = torch.from_numpy(cache.decoded_keys(sequence)).double().repeat_interleave(group, 0)
+    v = torch.from_numpy(cache.decoded_values(sequence)).double().repeat_interleave(group, 0)
+    return k, v
+
+
 def torch_reference(q, cache, ids, query_lengths):
     """Each sequence alone: its queries at its own end, causal, float64 math on decoded rows."""
     batch, hq, lq, _ = q.shape
     out = torch.zeros(q.shape, dtype=torch.float64)
     group = hq // cache.kv_heads
     for b, s in enumerate(ids):
-        k = torch.from_numpy(cache.decoded_keys(s)).double().repeat_interleave(group, 0)
-        v = torch.from_numpy(cache.decoded_values(s)).double().repeat_interleave(group, 0)
+        k, v = decoded_rows(cache, s, group)
         n, t = k.shape[1], query_lengths[b]
         qs = q[b, :, :t].double()
         scores = qs @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
@@ -138,8 +145,7 @@ def tree_reference(q, cache, ids, query_lengths, parents):
     out = torch.zeros(q.shape, dtype=torch.float64)
     group = hq // cache.kv_heads
     for b, s in enumerate(ids):
-        k = torch.from_numpy(cache.decoded_keys(s)).double().repeat_interleave(group, 0)
-        v = torch.from_numpy(cache.decoded_values(s)).double().repeat_interleave(group, 0)
+        k, v = decoded_rows(cache, s, group)
         n, t = k.shape[1], query_lengths[b]
         allowed = torch.zeros(t, n, dtype=torch.bool)
         for i in range(t):

@@ -171,6 +171,18 @@ def paged_problem(lengths, block_size=16, heads=2, dim=16, blocks=32, dtype=torc
     return k_cache, v_cache, table, rows
 
 
+def contiguous_cache(rows, lengths, capacity):
+    """paged_problem's rows as a contiguous cache [B, capacity, Hkv, D] (no block table), zero past
+    each sequence's length."""
+    heads, dim = rows[0][0].shape[0], rows[0][0].shape[2]
+    k_cache = torch.zeros(len(rows), capacity, heads, dim)
+    v_cache = torch.zeros(len(rows), capacity, heads, dim)
+    for b, (k, v) in enumerate(rows):
+        k_cache[b, :lengths[b]] = k.permute(1, 0, 2)
+        v_cache[b, :lengths[b]] = v.permute(1, 0, 2)
+    return k_cache, v_cache
+
+
 def dense_f64(q, rows, lengths, causal=True, window=None, softcap=None):
     """The float64 truth: per sequence, scores over its rows, queries at its end."""
     outs = []
@@ -276,11 +288,7 @@ def test_attention_with_kvcache_window_softcap_and_the_contiguous_form():
     assert (got.double() - truth).abs().max() < 2e-6
     assert not got[1, :7].any() and got[1, 7:].abs().min() > 0
     # The same rows as a contiguous cache [B, L_cache, Hkv, D] (no block table).
-    contiguous_k = torch.zeros(2, 80, 2, 16)
-    contiguous_v = torch.zeros(2, 80, 2, 16)
-    for b, (k, v) in enumerate(rows):
-        contiguous_k[b, :lengths[b]] = k.permute(1, 0, 2)
-        contiguous_v[b, :lengths[b]] = v.permute(1, 0, 2)
+    contiguous_k, contiguous_v = contiguous_cache(rows, lengths, 80)
     dense = mtorch.attention_with_kvcache(q, contiguous_k, contiguous_v, cache_seqlens=lengths,
                                           causal=True, window_size=(10, -1), softcap=2.0)
     assert (dense.double() - truth).abs().max() < 2e-6
@@ -314,11 +322,7 @@ def test_attention_with_kvcache_draft_trees_over_ragged_lengths():
                                               block_table=table[b:b + 1], causal=True,
                                               mask=maskattn.Mask().tree(parents[b]))
         assert torch.equal(got[b:b + 1], alone)
-    contiguous_k = torch.zeros(3, 50, 2, 16)
-    contiguous_v = torch.zeros(3, 50, 2, 16)
-    for b, (k, v) in enumerate(rows):
-        contiguous_k[b, :lengths[b]] = k.permute(1, 0, 2)
-        contiguous_v[b, :lengths[b]] = v.permute(1, 0, 2)
+    contiguous_k, contiguous_v = contiguous_cache(rows, lengths, 50)
     dense = mtorch.attention_with_kvcache(q, contiguous_k, contiguous_v, cache_seqlens=lengths,
                                           causal=True, mask=mask)
     assert torch.equal(dense, got)
