@@ -257,5 +257,44 @@ TEST(ClipGradNorm, ScalesOnlyAboveTheLimit) {
   EXPECT_NEAR(b[0], 4.0 / (5.0 + 1e-6), 1e-7);
 }
 
+// The trainer's batched optimiser: one region over all tensors gives adamw_step's bits, and the
+// clipped norm and gradients do not depend on the thread count (tensors of several blocks).
+TEST(AdamW, StepsOverManyTensorsEqualOneStepPerTensorForAnyThreadCount) {
+  const std::vector<model::AdamWTensor> spans = {
+      {0, 40000, true}, {40000, 7, false}, {40007, 33000, true}, {73007, 1, false}};
+  const int64_t count = 73008;
+  const std::vector<float> p0 = random_values(count, 21), g0 = random_values(count, 22);
+  const std::vector<float> m0 = random_values(count, 23), v0 = random_values(count, 24, 0.0f, 1.0f);
+  model::AdamW config;
+  std::vector<float> p1 = p0, m1 = m0, v1 = v0;
+  for (const model::AdamWTensor& t : spans) {
+    model::adamw_step(config, 1e-3, 7, t.decay, p1.data() + t.offset, g0.data() + t.offset,
+                      m1.data() + t.offset, v1.data() + t.offset, t.size, 1);
+  }
+  for (const int threads : {1, 2, 3}) {
+    std::vector<float> p = p0, m = m0, v = v0;
+    model::adamw_steps(config, 1e-3, 7, spans.data(), 4, p.data(), g0.data(), m.data(), v.data(),
+                       threads);
+    EXPECT_EQ(p, p1) << threads;
+    EXPECT_EQ(m, m1) << threads;
+    EXPECT_EQ(v, v1) << threads;
+    std::vector<float> g = g0;
+    std::vector<float*> tensors;
+    std::vector<int64_t> sizes;
+    for (const model::AdamWTensor& t : spans) {
+      tensors.push_back(g.data() + t.offset);
+      sizes.push_back(t.size);
+    }
+    const double norm = model::clip_grad_norm(tensors.data(), sizes.data(), 4, 1.0, threads);
+    double squares = 0;
+    for (const float x : g0) squares += double{x} * x;
+    EXPECT_NEAR(norm, std::sqrt(squares), 1e-12 * std::sqrt(squares));
+    std::vector<float> g_one = g0;
+    for (size_t t = 0; t < tensors.size(); ++t) tensors[t] = g_one.data() + spans[t].offset;
+    EXPECT_EQ(model::clip_grad_norm(tensors.data(), sizes.data(), 4, 1.0, 1), norm) << threads;
+    EXPECT_EQ(g, g_one) << threads;
+  }
+}
+
 }  // namespace
 }  // namespace maskattn

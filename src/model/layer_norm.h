@@ -8,8 +8,9 @@
 //   dx = r·(g − mean(g) − x̂·mean(g·x̂)),   dγ = Σ_rows dy·x̂,   dβ = Σ_rows dy
 //
 // Row statistics are summed in f64 (one pass for μ, one for σ² around it), so that the result does
-// not depend on how large the row's offset is. Rows run in parallel; dγ and dβ are summed over the
-// rows in row order, so every result is the same bits for any thread count.
+// not depend on how large the row's offset is, each as eight interleaved partial sums added in a
+// fixed order (not one chain of dependent additions). Rows run in parallel; dγ and dβ are summed
+// over the rows in row order, so every result is the same bits for any thread count.
 #pragma once
 
 #include <cstdint>

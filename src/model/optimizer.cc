@@ -1,6 +1,8 @@
 #include "maskattn/model/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace maskattn::model {
 
@@ -8,27 +10,92 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
+// Values per task of the optimiser's parallel loops: large enough that a task outweighs its
+// scheduling, small enough that a model's few large tensors still share out evenly.
+constexpr int64_t kBlock = 16384;
+
+// One AdamW step's scalars, in f32 as the update uses them.
+struct AdamWConstants {
+  float shrink, one_minus_beta1, beta2, one_minus_beta2, step_size, correction2_sqrt, eps;
+
+  AdamWConstants(const AdamW& config, double lr, int64_t step, bool decay) {
+    shrink = static_cast<float>(1.0 - lr * (decay ? config.weight_decay : 0.0));
+    one_minus_beta1 = static_cast<float>(1.0 - config.beta1);
+    beta2 = static_cast<float>(config.beta2);
+    one_minus_beta2 = static_cast<float>(1.0 - config.beta2);
+    const double correction1 = 1.0 - std::pow(config.beta1, static_cast<double>(step));
+    const double correction2 = 1.0 - std::pow(config.beta2, static_cast<double>(step));
+    step_size = static_cast<float>(lr / correction1);
+    correction2_sqrt = static_cast<float>(std::sqrt(correction2));
+    eps = static_cast<float>(config.eps);
+  }
+};
+
+void adamw_range(const AdamWConstants& c, float* p, const float* g, float* m, float* v,
+                 int64_t begin, int64_t end) {
+  for (int64_t n = begin; n < end; ++n) {
+    float param = p[n] * c.shrink;
+    m[n] += c.one_minus_beta1 * (g[n] - m[n]);  // torch.lerp
+    v[n] = v[n] * c.beta2 + c.one_minus_beta2 * g[n] * g[n];
+    const float denom = std::sqrt(v[n]) / c.correction2_sqrt + c.eps;
+    param -= c.step_size * (m[n] / denom);
+    p[n] = param;
+  }
+}
+
+// A block of one tensor: values [begin, end) of tensor `tensor`.
+struct Block {
+  int64_t tensor, begin, end;
+};
+
+template <class Sizes>
+std::vector<Block> blocks_of(int64_t count, const Sizes& size_of) {
+  std::vector<Block> blocks;
+  for (int64_t t = 0; t < count; ++t) {
+    for (int64_t begin = 0; begin < size_of(t); begin += kBlock) {
+      blocks.push_back({t, begin, std::min(begin + kBlock, size_of(t))});
+    }
+  }
+  return blocks;
+}
+
+// Σ x² in f64 with eight interleaved partial sums (added in a fixed order at the end): a fixed
+// order that is not one serial chain of dependent additions.
+double sum_of_squares(const float* x, int64_t count) {
+  double part[8] = {};
+  int64_t n = 0;
+  for (; n + 8 <= count; n += 8) {
+    for (int j = 0; j < 8; ++j) part[j] += double{x[n + j]} * x[n + j];
+  }
+  for (; n < count; ++n) part[n % 8] += double{x[n]} * x[n];
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
 }  // namespace
 
 void adamw_step(const AdamW& config, double lr, int64_t step, bool decay, float* p, const float* g,
                 float* m, float* v, int64_t count, int threads) {
-  const float shrink = static_cast<float>(1.0 - lr * (decay ? config.weight_decay : 0.0));
-  const float one_minus_beta1 = static_cast<float>(1.0 - config.beta1);
-  const float beta2 = static_cast<float>(config.beta2);
-  const float one_minus_beta2 = static_cast<float>(1.0 - config.beta2);
-  const double correction1 = 1.0 - std::pow(config.beta1, static_cast<double>(step));
-  const double correction2 = 1.0 - std::pow(config.beta2, static_cast<double>(step));
-  const float step_size = static_cast<float>(lr / correction1);
-  const float correction2_sqrt = static_cast<float>(std::sqrt(correction2));
-  const float eps = static_cast<float>(config.eps);
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads != 1)
-  for (int64_t n = 0; n < count; ++n) {
-    float param = p[n] * shrink;
-    m[n] += one_minus_beta1 * (g[n] - m[n]);  // torch.lerp
-    v[n] = v[n] * beta2 + one_minus_beta2 * g[n] * g[n];
-    const float denom = std::sqrt(v[n]) / correction2_sqrt + eps;
-    param -= step_size * (m[n] / denom);
-    p[n] = param;
+  const AdamWConstants c(config, lr, step, decay);
+  const int64_t blocks = (count + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) \
+    num_threads(threads > 0 ? threads : 1) if (threads > 1 && blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    adamw_range(c, p, g, m, v, b * kBlock, std::min(count, (b + 1) * kBlock));
+  }
+}
+
+void adamw_steps(const AdamW& config, double lr, int64_t step, const AdamWTensor* tensors,
+                 int64_t count, float* p, const float* g, float* m, float* v, int threads) {
+  const AdamWConstants decayed(config, lr, step, true), plain(config, lr, step, false);
+  const std::vector<Block> blocks = blocks_of(count, [&](int64_t t) { return tensors[t].size; });
+  const int64_t block_count = static_cast<int64_t>(blocks.size());
+#pragma omp parallel for schedule(static) \
+    num_threads(threads > 0 ? threads : 1) if (threads > 1 && block_count > 1)
+  for (int64_t b = 0; b < block_count; ++b) {
+    const AdamWTensor& tensor = tensors[blocks[b].tensor];
+    const int64_t at = tensor.offset;
+    adamw_range(tensor.decay ? decayed : plain, p + at, g + at, m + at, v + at, blocks[b].begin,
+                blocks[b].end);
   }
 }
 
@@ -42,16 +109,26 @@ double learning_rate(int64_t it, double lr, double min_lr, int64_t warmup, int64
   return min_lr + coefficient * (lr - min_lr);
 }
 
-double clip_grad_norm(float* const* tensors, const int64_t* sizes, int64_t count, double max_norm) {
-  double squares = 0;
-  for (int64_t t = 0; t < count; ++t) {
-    for (int64_t n = 0; n < sizes[t]; ++n) squares += double{tensors[t][n]} * tensors[t][n];
+double clip_grad_norm(float* const* tensors, const int64_t* sizes, int64_t count, double max_norm,
+                      int threads) {
+  const std::vector<Block> blocks = blocks_of(count, [&](int64_t t) { return sizes[t]; });
+  const int64_t block_count = static_cast<int64_t>(blocks.size());
+  std::vector<double> block_sums(blocks.size());
+  const bool parallel = threads > 1 && block_count > 1;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (parallel)
+  for (int64_t b = 0; b < block_count; ++b) {
+    const Block& block = blocks[b];
+    block_sums[b] = sum_of_squares(tensors[block.tensor] + block.begin, block.end - block.begin);
   }
+  double squares = 0;
+  for (const double sum : block_sums) squares += sum;
   const double norm = std::sqrt(squares);
   if (norm > max_norm) {
     const float scale = static_cast<float>(max_norm / (norm + 1e-6));
-    for (int64_t t = 0; t < count; ++t) {
-      for (int64_t n = 0; n < sizes[t]; ++n) tensors[t][n] *= scale;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (parallel)
+    for (int64_t b = 0; b < block_count; ++b) {
+      float* x = tensors[blocks[b].tensor];
+      for (int64_t n = blocks[b].begin; n < blocks[b].end; ++n) x[n] *= scale;
     }
   }
   return norm;

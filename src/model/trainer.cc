@@ -67,25 +67,25 @@ double Trainer::step() {
   const CrossEntropy loss =
       gpt_.loss_and_gradients(params_.data(), batch, grads_.data(), options_.threads);
   const auto computed = Clock::now();
-  // Clip by the global norm, then one AdamW step per tensor (decay on rank-2 tensors only).
+  // Clip by the global norm, then one AdamW step per tensor (decay on rank-2 tensors only), all
+  // tensors in one parallel region.
   std::vector<float*> tensors;
   std::vector<int64_t> sizes;
+  std::vector<AdamWTensor> spans;
   for (const NamedTensor& tensor : gpt_.parameters().tensors()) {
     tensors.push_back(grads_.data() + tensor.offset);
     sizes.push_back(tensor.size);
+    spans.push_back({tensor.offset, tensor.size, tensor.decay});
   }
   if (options_.clip > 0) {
     clip_grad_norm(tensors.data(), sizes.data(), static_cast<int64_t>(tensors.size()),
-                   options_.clip);
+                   options_.clip, options_.threads);
   }
   last_lr_ = learning_rate(step_, options_.lr, options_.min_lr, options_.warmup, options_.steps);
   AdamW adamw;
   adamw.weight_decay = options_.weight_decay;
-  for (const NamedTensor& tensor : gpt_.parameters().tensors()) {
-    const int64_t at = tensor.offset;
-    adamw_step(adamw, last_lr_, step_ + 1, tensor.decay, params_.data() + at, grads_.data() + at,
-               exp_avg_.data() + at, exp_avg_sq_.data() + at, tensor.size, options_.threads);
-  }
+  adamw_steps(adamw, last_lr_, step_ + 1, spans.data(), static_cast<int64_t>(spans.size()),
+              params_.data(), grads_.data(), exp_avg_.data(), exp_avg_sq_.data(), options_.threads);
   ++step_;
   if (timings_ != nullptr) {
     timings_->batches += std::chrono::duration<double>(drawn - start).count();
