@@ -192,8 +192,8 @@ struct RowWriter {
   void block(int64_t b, int64_t h, int64_t i, int64_t count, const float* values,
              const float* row_lse) const {
     if (out.numel() > 0) {
-      store_rows(out, out.offset({b, h, i, 0}), out.stride(2), out.stride(3), values, count,
-                 value_dim);
+      store_rows(out, out.offset({b, h, i, 0}), out.stride(2), out.stride(3), values, value_dim,
+                 count, value_dim);
     }
     if (lse.is_null()) return;
     float* first = static_cast<float*>(lse.mutable_data()) + lse.offset({b, h, i, 0});

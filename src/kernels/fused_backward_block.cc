@@ -54,6 +54,7 @@
 #include "kernels/score_chain-inl.h"
 #include "kernels/scratch_arena.h"
 #include "kernels/simd-inl.h"
+#include "kernels/transpose-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace maskattn::detail::fused {
@@ -66,6 +67,41 @@ using VF = hn::Vec<DF>;
 constexpr int64_t T = kBackwardTile;
 static_assert(T == kChainTileLanes, "the modifier chain walks 64-lane tile rows");
 
+#ifdef MASKATTN_HAVE_TRANSPOSE16
+// out[c][j] = factor·in[j][c] for a whole tile of f32 rows (T rows `stride` apart, `width` a
+// multiple of 16), 16 × 16 squares transposed in registers (transpose-inl.h): stored one value
+// at a time, the packing of a short sequence's single key tile cost more than its products (a
+// training step of the tiny GPT, context 64, spent 8 % of its time here).
+void TransposeTile(const float* in, int64_t stride, int64_t width, float factor, float* out) {
+  const DF df;
+  const VF f = hn::Set(df, factor);
+  for (int64_t j = 0; j < T; j += 16) {
+    for (int64_t c = 0; c < width; c += 16) {
+      __m512 square[16];
+      for (int r = 0; r < 16; ++r)
+        square[r] = hn::Mul(hn::LoadU(df, in + (j + r) * stride + c), f).raw;
+      Transpose16(square);
+      for (int r = 0; r < 16; ++r) _mm512_storeu_ps(out + (c + r) * T + j, square[r]);
+    }
+  }
+}
+
+// PackKeyTile for a whole tile of f32 K and V with contiguous rows and dims in 16s.
+bool PackWholeKeyTile(const BackwardContext& c, int64_t b, int64_t g, int64_t j0,
+                      BackwardScratch& sc) {
+  const Problem& p = *c.problem;
+  const float* k = static_cast<const float*>(p.k.data()) + p.k.offset({b, g, j0, 0});
+  const float* v = static_cast<const float*>(p.v.data()) + p.v.offset({b, g, j0, 0});
+  sc.k_source = k;
+  sc.k_source_stride = p.k.stride(2);
+  // scale·k is the scalar path's f32 product: the same bits.
+  TransposeTile(k, p.k.stride(2), p.head_dim, static_cast<float>(p.scale), sc.k_t);
+  TransposeTile(v, p.v.stride(2), p.value_dim, 1.0f, sc.v_t);
+  return RowsAllFinite(k, T, p.k.stride(2), p.head_dim) &&
+         RowsAllFinite(v, T, p.v.stride(2), p.value_dim);
+}
+#endif
+
 // Packs key tile [j0, j0 + rows) of (b, g): scale·Kᵀ and Vᵀ, zero beyond `rows`, and points
 // sc.k_source at K's rows for dQ (in place when K is f32 with contiguous rows and D a multiple
 // of 16, else a zero-padded copy). Returns whether K and V of the tile are all finite.
@@ -73,9 +109,15 @@ bool PackKeyTile(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, int
                  BackwardScratch& sc) {
   const Problem& p = *c.problem;
   const int64_t dim = p.head_dim, value_dim = p.value_dim;
+  const bool in_place = p.k.dtype() == DType::f32 && p.k.stride(3) == 1 && dim == c.dq_width;
+#ifdef MASKATTN_HAVE_TRANSPOSE16
+  if (in_place && rows == T && dim > 0 && dim % 16 == 0 && value_dim > 0 && value_dim % 16 == 0 &&
+      p.v.dtype() == DType::f32 && p.v.stride(3) == 1) {
+    return PackWholeKeyTile(c, b, g, j0, sc);
+  }
+#endif
   std::memset(sc.k_t, 0, dim * T * sizeof(float));
   std::memset(sc.v_t, 0, value_dim * T * sizeof(float));
-  const bool in_place = p.k.dtype() == DType::f32 && p.k.stride(3) == 1 && dim == c.dq_width;
   if (in_place) {
     sc.k_source =
         dim > 0 ? static_cast<const float*>(p.k.data()) + p.k.offset({b, g, j0, 0}) : sc.k_rows;
@@ -107,10 +149,12 @@ void StoreKeyTile(const BackwardContext& c, int64_t b, int64_t g, int64_t j0, in
   for (int64_t j = 0; j < rows; ++j) {
     float* dk = sc.dk + j * c.dq_width;
     for (int64_t d = 0; d < p.head_dim; ++d) dk[d] *= scale;
-    store_row(c.dk, c.dk.offset({b, g, j0 + j, 0}), c.dk.stride(3), dk, p.head_dim);
-    store_row(c.dv, c.dv.offset({b, g, j0 + j, 0}), c.dv.stride(3), sc.dv + j * c.dv_width,
-              p.value_dim);
   }
+  // One call per tensor: no dispatch and offset per row.
+  store_rows(c.dk, c.dk.offset({b, g, j0, 0}), c.dk.stride(2), c.dk.stride(3), sc.dk, c.dq_width,
+             rows, p.head_dim);
+  store_rows(c.dv, c.dv.offset({b, g, j0, 0}), c.dv.stride(2), c.dv.stride(3), sc.dv, c.dv_width,
+             rows, p.value_dim);
 }
 
 // The modifier chain (score_chain-inl.h) on rows [0, q_count) of the tile's S[i][j]: queries

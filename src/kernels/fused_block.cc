@@ -448,9 +448,9 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
 // and no offset arithmetic per row (a block's 64 rows, which a sliding window writes every five
 // tiles).
 void StoreRows(const MutableTensorView& t, int64_t offset, int64_t row_stride, int64_t stride,
-               const float* values, int64_t rows, int64_t count) {
+               const float* values, int64_t values_stride, int64_t rows, int64_t count) {
   for (int64_t r = 0; r < rows; ++r) {
-    StoreRow(t, offset + r * row_stride, stride, values + r * count, count);
+    StoreRow(t, offset + r * row_stride, stride, values + r * values_stride, count);
   }
 }
 
@@ -512,8 +512,9 @@ void store_row(const MutableTensorView& t, int64_t offset, int64_t stride, const
 HWY_EXPORT(StoreRows);
 
 void store_rows(const MutableTensorView& t, int64_t offset, int64_t row_stride, int64_t stride,
-                const float* values, int64_t rows, int64_t count) {
-  HWY_DYNAMIC_DISPATCH(StoreRows)(t, offset, row_stride, stride, values, rows, count);
+                const float* values, int64_t values_stride, int64_t rows, int64_t count) {
+  HWY_DYNAMIC_DISPATCH(StoreRows)
+  (t, offset, row_stride, stride, values, values_stride, rows, count);
 }
 
 void attend_block(const Context& context, const Block& block, Scratch& scratch) {

@@ -88,9 +88,9 @@ void convert_to_f32(const TensorView& t, float* out, int threads, int64_t out_st
 // even (vectorised for contiguous rows).
 void store_row(const MutableTensorView& t, int64_t offset, int64_t stride, const float* values,
                int64_t count);
-// store_row for `rows` rows: row r from values + r·count to offset + r·row_stride.
+// store_row for `rows` rows: row r from values + r·values_stride to offset + r·row_stride.
 void store_rows(const MutableTensorView& t, int64_t offset, int64_t row_stride, int64_t stride,
-                const float* values, int64_t rows, int64_t count);
+                const float* values, int64_t values_stride, int64_t rows, int64_t count);
 
 // The softmax's exp for arguments x ≤ 0 or −inf, as the kernels compute it (count a multiple of
 // kTileQ). For tests of its accuracy.
