@@ -147,26 +147,10 @@ inline void StoreRow(const MutableTensorView& t, int64_t offset, int64_t stride,
   for (int64_t e = 0; e < count; ++e) store_float(t, offset + e * stride, values[e]);
 }
 
-// Whether every value is finite. x − x is 0 for finite x and NaN for ±inf and NaN: one test for
-// all three.
-HWY_INLINE bool AllFinite(const float* values, int64_t count) {
-  using DF = hn::ScalableTag<float>;
-  const DF df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  auto bad = hn::Zero(df);
-  int64_t n = 0;
-  for (; n + N <= count; n += N) {
-    const auto x = hn::LoadU(df, values + n);
-    bad = hn::Or(bad, hn::Sub(x, x));
-  }
-  bool finite = hn::AllFalse(df, hn::IsNaN(bad));
-  for (; n < count; ++n) finite &= std::isfinite(values[n]);
-  return finite;
-}
-
-// AllFinite over `rows` rows of `width` values, `stride` floats apart, with one reduction at the
-// end: per row, the call, the row's offset and the reduction cost more than its 4 vectors of
-// checks (a first-visit V tile check took 1.3 µs of a window's ~30 µs block, in cache).
+// Whether every value of `rows` rows of `width` values, `stride` floats apart, is finite. x − x is
+// 0 for finite x and NaN for ±inf and NaN: one test for all three, reduced once at the end (per
+// row, a call, the row's offset and the reduction cost more than its 4 vectors of checks: a
+// first-visit V tile check took 1.3 µs of a window's ~30 µs block, in cache).
 HWY_INLINE bool RowsAllFinite(const float* first, int64_t rows, int64_t stride, int64_t width) {
   using DF = hn::ScalableTag<float>;
   const DF df;
@@ -183,6 +167,11 @@ HWY_INLINE bool RowsAllFinite(const float* first, int64_t rows, int64_t stride, 
     for (; n < width; ++n) finite &= std::isfinite(row[n]);
   }
   return finite && hn::AllFalse(df, hn::IsNaN(bad));
+}
+
+// Whether every one of `count` values is finite.
+HWY_INLINE bool AllFinite(const float* values, int64_t count) {
+  return RowsAllFinite(values, 1, count, count);
 }
 
 // Row j of K or V for (b, g) as f32: a pointer into the tensor when it is f32 with contiguous

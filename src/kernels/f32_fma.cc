@@ -42,31 +42,25 @@ namespace HWY_NAMESPACE {
 
 #ifdef MASKATTN_HAVE_TRANSPOSE16
 // Sixteen f32 queries' dims [d0, d0 + 16), scaled, into Qᵀ's columns [d0, d0 + 16) at lanes
-// [i0, i0 + 16): the rows are loaded whole and transposed in registers (transpose-inl.h). Each
-// product is q · scale rounded to f32 as the scalar path computes it ((double) q · scale): in f32
-// arithmetic when the scale is an f32 (1/8 for D = 64: the product of two f32 is exact in double,
-// so both round once, to the same bits), through doubles otherwise.
-HWY_INLINE void TransposeScaled16(const float* q, int64_t row_stride, double scale, float* q_t) {
+// [i0, i0 + 16), through doubles: each product is (double) q · scale rounded to f32, as the scalar
+// path computes it, for a scale that is not an f32 (F32BeginBlock multiplies in f32 otherwise).
+HWY_INLINE void TransposeScaled16InDouble(const float* q, int64_t row_stride, double scale,
+                                          float* q_t) {
   const hn::ScalableTag<float> df;
   const hn::Half<decltype(df)> dh;
   const hn::Repartition<double, decltype(df)> dd;
+  const auto scale_d = hn::Set(dd, scale);
   __m512 r[16];
-  if (static_cast<double>(static_cast<float>(scale)) == scale) {
-    const auto scale_f = hn::Set(df, static_cast<float>(scale));
-    for (int i = 0; i < 16; ++i) r[i] = hn::Mul(hn::LoadU(df, q + i * row_stride), scale_f).raw;
-  } else {
-    const auto scale_d = hn::Set(dd, scale);
-    for (int i = 0; i < 16; ++i) {
-      const auto row = hn::LoadU(df, q + i * row_stride);
-      const auto low = hn::PromoteTo(dd, hn::LowerHalf(dh, row));
-      const auto high = hn::PromoteTo(dd, hn::UpperHalf(dh, row));
-      r[i] = hn::Combine(df, hn::DemoteTo(dh, hn::Mul(high, scale_d)),
-                         hn::DemoteTo(dh, hn::Mul(low, scale_d)))
-                 .raw;
-    }
+  for (int i = 0; i < 16; ++i) {
+    const auto row = hn::LoadU(df, q + i * row_stride);
+    const auto low = hn::PromoteTo(dd, hn::LowerHalf(dh, row));
+    const auto high = hn::PromoteTo(dd, hn::UpperHalf(dh, row));
+    r[i] = hn::Combine(df, hn::DemoteTo(dh, hn::Mul(high, scale_d)),
+                       hn::DemoteTo(dh, hn::Mul(low, scale_d)))
+               .raw;
   }
   Transpose16(r);
-  for (int c = 0; c < 16; ++c) _mm512_storeu_ps(q_t + c * kTileQ, r[c]);
+  StoreRows16(r, q_t, kTileQ);
 }
 #endif
 
@@ -80,10 +74,19 @@ void F32BeginBlock(const Context& c, const Block& blk, Scratch& scratch) {
   if (p.q.dtype() == DType::f32 && p.q.stride(3) == 1 && blk.q_count == kTileQ && dim % 16 == 0) {
     const float* q =
         static_cast<const float*>(p.q.data()) + p.q.offset({blk.b, blk.h, blk.q_first, 0});
+    const int64_t stride = p.q.stride(2);
+    // A scale that is an f32 (1/8 for D = 64) multiplies in f32: the product of two f32 is exact
+    // in double, so both round once, to the same bits as the scalar path's.
+    const bool f32_scale = static_cast<double>(static_cast<float>(p.scale)) == p.scale;
+    const __m512 scale = _mm512_set1_ps(static_cast<float>(p.scale));
     for (int64_t i0 = 0; i0 < kTileQ; i0 += 16) {
       for (int64_t d0 = 0; d0 < dim; d0 += 16) {
-        TransposeScaled16(q + i0 * p.q.stride(2) + d0, p.q.stride(2), p.scale,
-                          scratch.q_t + d0 * kTileQ + i0);
+        float* q_t = scratch.q_t + d0 * kTileQ + i0;
+        if (f32_scale) {
+          TransposeScaledSquare(q + i0 * stride + d0, stride, scale, q_t, kTileQ);
+        } else {
+          TransposeScaled16InDouble(q + i0 * stride + d0, stride, p.scale, q_t);
+        }
       }
     }
     return;

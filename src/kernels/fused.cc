@@ -185,8 +185,7 @@ struct RowWriter {
   int64_t value_dim;
 
   void operator()(int64_t b, int64_t h, int64_t i, const float* values, float row_lse) const {
-    store_row(out, out.offset({b, h, i, 0}), out.stride(3), values, value_dim);
-    if (!lse.is_null()) static_cast<float*>(lse.mutable_data())[lse.offset({b, h, i, 0})] = row_lse;
+    block(b, h, i, 1, values, &row_lse);
   }
   // Rows [i, i + count) of (b, h), `value_dim` apart in `values`.
   void block(int64_t b, int64_t h, int64_t i, int64_t count, const float* values,

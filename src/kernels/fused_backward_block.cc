@@ -73,15 +73,10 @@ static_assert(T == kChainTileLanes, "the modifier chain walks 64-lane tile rows"
 // at a time, the packing of a short sequence's single key tile cost more than its products (a
 // training step of the tiny GPT, context 64, spent 8 % of its time here).
 void TransposeTile(const float* in, int64_t stride, int64_t width, float factor, float* out) {
-  const DF df;
-  const VF f = hn::Set(df, factor);
+  const __m512 f = _mm512_set1_ps(factor);
   for (int64_t j = 0; j < T; j += 16) {
     for (int64_t c = 0; c < width; c += 16) {
-      __m512 square[16];
-      for (int r = 0; r < 16; ++r)
-        square[r] = hn::Mul(hn::LoadU(df, in + (j + r) * stride + c), f).raw;
-      Transpose16(square);
-      for (int r = 0; r < 16; ++r) _mm512_storeu_ps(out + (c + r) * T + j, square[r]);
+      TransposeScaledSquare(in + j * stride + c, stride, f, out + c * T + j, T);
     }
   }
 }

@@ -102,28 +102,33 @@ bool ValueTileFinite(const Context& c, int64_t b, int64_t g, int64_t k_tile, int
 // next block's rows: its queries, and the keys and values its band adds.
 constexpr int64_t kPrefetchVisits = 4;
 
-struct NextBlockRows {
-  const char* q = nullptr;  // the next block's first query row; null when there is none
-  int64_t q_rows = 0, q_stride = 0, q_bytes = 0;
-  const char* k = nullptr;  // the first key row the next block's band adds (values alike)
-  const char* v = nullptr;
-  int64_t kv_rows = 0, k_stride = 0, v_stride = 0, k_bytes = 0, v_bytes = 0;
-  int64_t parts = 1;  // the visits the rows are shared among
+// Rows of one tensor to prefetch: `count` rows of `bytes`, `stride` bytes apart from `first`
+// (null: nothing).
+struct RowSpan {
+  const char* first = nullptr;
+  int64_t count = 0, stride = 0, bytes = 0;
 };
 
-const char* RowAddress(const TensorView& t, int64_t b, int64_t h, int64_t l) {
-  return static_cast<const char*>(t.data()) + t.offset({b, h, l, 0}) * dtype_size(t.dtype());
+// Rows [l, l + count) of (b, h) in a [B, H, L, W] view with contiguous rows, W values each.
+RowSpan RowsOf(const TensorView& t, int64_t b, int64_t h, int64_t l, int64_t count, int64_t width) {
+  const int64_t size = static_cast<int64_t>(dtype_size(t.dtype()));
+  return {static_cast<const char*>(t.data()) + t.offset({b, h, l, 0}) * size, count,
+          t.stride(2) * size, width * size};
 }
+
+struct NextBlockRows {
+  RowSpan q;          // the next block's query rows
+  RowSpan k, v;       // the key and value rows the next block's band adds
+  int64_t parts = 1;  // the visits the rows are shared among
+};
 
 NextBlockRows FindNextBlockRows(const Context& c, const Block& blk, BlockMap::TileRange band) {
   const Problem& p = *c.problem;
   NextBlockRows next;
   const int64_t next_first = blk.q_first + kTileQ;
   if (next_first >= p.q_len || p.q.stride(3) != 1) return next;
-  next.q = RowAddress(p.q, blk.b, blk.h, next_first);
-  next.q_rows = std::min(kTileQ, p.q_len - next_first);
-  next.q_stride = p.q.stride(2) * dtype_size(p.q.dtype());
-  next.q_bytes = p.head_dim * dtype_size(p.q.dtype());
+  next.q =
+      RowsOf(p.q, blk.b, blk.h, next_first, std::min(kTileQ, p.q_len - next_first), p.head_dim);
   next.parts = std::clamp<int64_t>(band.end - band.first, 1, kPrefetchVisits);
   const BlockMap::TileRange following = c.blocks->k_tile_range(blk.b, blk.h, next_first / kTileQ);
   const int64_t new_tile = std::max(band.end, following.first);
@@ -131,13 +136,9 @@ NextBlockRows FindNextBlockRows(const Context& c, const Block& blk, BlockMap::Ti
     return next;
   }
   const int64_t g = p.kv_head(blk.h), j0 = new_tile * kTileK;
-  next.kv_rows = std::min(kTileK, p.k_len - j0);
-  next.k = RowAddress(p.k, blk.b, g, j0);
-  next.v = RowAddress(p.v, blk.b, g, j0);
-  next.k_stride = p.k.stride(2) * dtype_size(p.k.dtype());
-  next.v_stride = p.v.stride(2) * dtype_size(p.v.dtype());
-  next.k_bytes = p.head_dim * dtype_size(p.k.dtype());
-  next.v_bytes = p.value_dim * dtype_size(p.v.dtype());
+  const int64_t rows = std::min(kTileK, p.k_len - j0);
+  next.k = RowsOf(p.k, blk.b, g, j0, rows, p.head_dim);
+  next.v = RowsOf(p.v, blk.b, g, j0, rows, p.value_dim);
   return next;
 }
 
@@ -149,17 +150,17 @@ void PrefetchBytes(const char* first, const char* end) {
   }
 }
 
-// Rows [part·rows/parts, (part + 1)·rows/parts) of `rows` rows of `bytes`, `stride` bytes apart.
-void PrefetchRowShare(const char* first, int64_t rows, int64_t stride, int64_t bytes, int64_t part,
-                      int64_t parts) {
-  if (first == nullptr) return;
-  const int64_t row_first = part * rows / parts, row_end = (part + 1) * rows / parts;
-  if (stride == bytes) {  // contiguous rows: one range
-    PrefetchBytes(first + row_first * stride, first + row_end * stride);
+// Rows [part·count/parts, (part + 1)·count/parts) of the span.
+void PrefetchRowShare(const RowSpan& span, int64_t part, int64_t parts) {
+  if (span.first == nullptr) return;
+  const int64_t row_first = part * span.count / parts, row_end = (part + 1) * span.count / parts;
+  if (span.stride == span.bytes) {  // contiguous rows: one range
+    PrefetchBytes(span.first + row_first * span.stride, span.first + row_end * span.stride);
     return;
   }
   for (int64_t r = row_first; r < row_end; ++r) {
-    PrefetchBytes(first + r * stride, first + r * stride + bytes);
+    const char* row = span.first + r * span.stride;
+    PrefetchBytes(row, row + span.bytes);
   }
 }
 
@@ -170,18 +171,15 @@ void PrefetchKeyTile(const Context& c, const Block& blk, int64_t k_tile) {
   if (p.pages != nullptr || p.k.stride(3) != 1 || p.v.stride(3) != 1) return;
   const int64_t g = p.kv_head(blk.h), j0 = k_tile * kTileK;
   const int64_t rows = std::min(kTileK, p.k_len - j0);
-  const int64_t k_size = dtype_size(p.k.dtype()), v_size = dtype_size(p.v.dtype());
-  PrefetchRowShare(RowAddress(p.k, blk.b, g, j0), rows, p.k.stride(2) * k_size, p.head_dim * k_size,
-                   0, 1);
-  PrefetchRowShare(RowAddress(p.v, blk.b, g, j0), rows, p.v.stride(2) * v_size,
-                   p.value_dim * v_size, 0, 1);
+  PrefetchRowShare(RowsOf(p.k, blk.b, g, j0, rows, p.head_dim), 0, 1);
+  PrefetchRowShare(RowsOf(p.v, blk.b, g, j0, rows, p.value_dim), 0, 1);
 }
 
 void PrefetchNextBlock(const NextBlockRows& next, int64_t visit) {
   if (visit >= next.parts) return;
-  PrefetchRowShare(next.q, next.q_rows, next.q_stride, next.q_bytes, visit, next.parts);
-  PrefetchRowShare(next.k, next.kv_rows, next.k_stride, next.k_bytes, visit, next.parts);
-  PrefetchRowShare(next.v, next.kv_rows, next.v_stride, next.v_bytes, visit, next.parts);
+  PrefetchRowShare(next.q, visit, next.parts);
+  PrefetchRowShare(next.k, visit, next.parts);
+  PrefetchRowShare(next.v, visit, next.parts);
 }
 
 // ---- tile kernel: mask, finalisation, the loop -------------------------------------------------
@@ -230,12 +228,8 @@ void NormaliseBlock(int64_t value_dim, float keep_scale, const float* HWY_RESTRI
     int64_t e = 0;
 #ifdef MASKATTN_HAVE_TRANSPOSE16
     for (; e + 16 <= value_dim; e += 16) {
-      __m512 square[16];
-      for (int r = 0; r < 16; ++r) {
-        square[r] = hn::Mul(hn::LoadU(df, o + (e + r) * kTileQ + i), inverse).raw;
-      }
-      Transpose16(square);
-      for (int c = 0; c < 16; ++c) _mm512_storeu_ps(out + (i + c) * value_dim + e, square[c]);
+      TransposeScaledSquare(o + e * kTileQ + i, kTileQ, inverse.raw, out + i * value_dim + e,
+                            value_dim);
     }
 #endif
     const auto rows = hn::Mul(hn::Iota(di, static_cast<int32_t>(i)),
@@ -381,15 +375,10 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
   }
   if (allowed != nullptr)
     ApplyMask(allowed, active != nullptr ? *active : AllRows(rows), scratch.s);
-  const uint64_t* keep = TileKeepBits(c, blk, j0, scratch);
-  if (active == nullptr && keep == nullptr) {
-    SoftmaxStepWholeColumns<kTileQ>(scratch.s, rows, scratch.row_max, scratch.row_sum,
-                                    scratch.alpha, scratch.poisoned);
-  } else {
-    SoftmaxStepColumns<kTileQ>(scratch.s, rows, scratch.row_max, scratch.row_sum, scratch.alpha,
-                               scratch.poisoned, active != nullptr ? active->first : nullptr,
-                               active != nullptr ? active->end : nullptr, kLaneBlock, keep);
-  }
+  SoftmaxStepColumns<kTileQ>(scratch.s, rows, scratch.row_max, scratch.row_sum, scratch.alpha,
+                             scratch.poisoned, active != nullptr ? active->first : nullptr,
+                             active != nullptr ? active->end : nullptr, kLaneBlock,
+                             TileKeepBits(c, blk, j0, scratch));
   const bool finite = ValueTileFinite(c, blk.b, g, k_tile, j0, rows, scratch.v);
   TileOutput(c, blk, g, j0, rows, finite, active, scratch);
 }
@@ -444,9 +433,9 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
            scratch.row_sum, scratch.poisoned, scratch.out, scratch.lse);
 }
 
-// store_row over `rows` rows `row_stride` elements apart, from values `count` apart: one dispatch
-// and no offset arithmetic per row (a block's 64 rows, which a sliding window writes every five
-// tiles).
+// store_row over `rows` rows `row_stride` elements apart, from values `values_stride` apart: one
+// dispatch and no offset arithmetic per row (a block's 64 rows, which a sliding window writes every
+// five tiles).
 void StoreRows(const MutableTensorView& t, int64_t offset, int64_t row_stride, int64_t stride,
                const float* values, int64_t values_stride, int64_t rows, int64_t count) {
   for (int64_t r = 0; r < rows; ++r) {

@@ -70,16 +70,8 @@ HWY_INLINE hn::Mask<DF> PoisonedScores(DF df, VF s) {
   return hn::Not(hn::Lt(s, hn::Set(df, INFINITY)));
 }
 
-// Tile layout: s[j][i] for `rows` keys j and kLanes queries i (a multiple of the vector length).
-// Scores become weights exp(s − m'); row_max, row_sum and alpha (the factor by which the old sum
-// and output are rescaled) are updated per query, poisoned set for rows that met NaN or +inf.
-// With `first`/`end`, queries [c·block, (c+1)·block) read only key rows [first[c], end[c]): the
-// others are hidden for all of them, so they would add weights of exactly 0 (and change no max).
-// With `keep` (attention dropout, kernels/dropout-inl.h: bit i of keep[j], query i kept for key
-// j), the sum counts every weight and the weights stored are the kept ones: dropout acts on the
-// normalised weights, so its zeros must not reach the denominator.
-// SoftmaxStepColumns on whole columns (no active rows, no dropout): every vector of queries at
-// once, so that the running maxima and sums of the vectors are independent chains. One vector's
+// SoftmaxStepColumns' step on whole columns (no active rows, no dropout): every vector of queries
+// at once, so that the running maxima and sums of the vectors are independent chains. One vector's
 // chain alone waits a max's or an add's latency per key (64 per tile, four times over); the
 // vectors together fill those waits. Each lane still reduces its keys in order, j = 0, 1, …: the
 // same bits as one vector at a time.
@@ -126,12 +118,25 @@ HWY_INLINE void SoftmaxStepWholeColumns(float* HWY_RESTRICT s, int64_t rows,
   }
 }
 
+// Tile layout: s[j][i] for `rows` keys j and kLanes queries i (a multiple of the vector length).
+// Scores become weights exp(s − m'); row_max, row_sum and alpha (the factor by which the old sum
+// and output are rescaled) are updated per query, poisoned set for rows that met NaN or +inf.
+// With `first`/`end`, queries [c·block, (c+1)·block) read only key rows [first[c], end[c]): the
+// others are hidden for all of them, so they would add weights of exactly 0 (and change no max).
+// With `keep` (attention dropout, kernels/dropout-inl.h: bit i of keep[j], query i kept for key
+// j), the sum counts every weight and the weights stored are the kept ones: dropout acts on the
+// normalised weights, so its zeros must not reach the denominator.
+// Whole columns (no `first`, no `keep`) take SoftmaxStepWholeColumns: the same bits, faster.
 template <int64_t kLanes>
 HWY_INLINE void SoftmaxStepColumns(float* HWY_RESTRICT s, int64_t rows, float* HWY_RESTRICT row_max,
                                    float* HWY_RESTRICT row_sum, float* HWY_RESTRICT alpha,
                                    float* HWY_RESTRICT poisoned, const int64_t* first = nullptr,
                                    const int64_t* end = nullptr, int64_t block = kLanes,
                                    const uint64_t* keep = nullptr) {
+  if (first == nullptr && keep == nullptr) {
+    SoftmaxStepWholeColumns<kLanes>(s, rows, row_max, row_sum, alpha, poisoned);
+    return;
+  }
   using DF = hn::ScalableTag<float>;
   const DF df;
   const size_t N = hn::Lanes(df);

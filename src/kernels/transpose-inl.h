@@ -70,6 +70,22 @@ HWY_INLINE void Transpose16(__m512* rows) {
     }
   }
 }
+
+// Stores rows[c] at out + c·out_stride, c < 16.
+HWY_INLINE void StoreRows16(const __m512* rows, float* out, int64_t out_stride) {
+  for (int c = 0; c < 16; ++c) _mm512_storeu_ps(out + c * out_stride, rows[c]);
+}
+
+// out[c][r] = in[r][c]·factor[c] for the 16 × 16 square at `in` (rows in_stride floats apart),
+// into the 16 rows at `out` (out_stride apart): each loaded row times `factor` lane by lane, then
+// transposed. Every product is one f32 multiplication, as the scalar loops compute it.
+HWY_INLINE void TransposeScaledSquare(const float* in, int64_t in_stride, __m512 factor, float* out,
+                                      int64_t out_stride) {
+  __m512 rows[16];
+  for (int r = 0; r < 16; ++r) rows[r] = _mm512_mul_ps(_mm512_loadu_ps(in + r * in_stride), factor);
+  Transpose16(rows);
+  StoreRows16(rows, out, out_stride);
+}
 #endif
 
 }  // namespace HWY_NAMESPACE
