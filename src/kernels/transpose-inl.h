@@ -58,10 +58,14 @@ inline constexpr TransposeStage kTransposeStages[4] = {
 
 // rows[r][c] becomes rows[c][r].
 HWY_INLINE void Transpose16(__m512* rows) {
+  // Fully unrolled, so that the 16 rows stay in registers (a loop over them spilled every row
+  // to the stack between stages).
+#pragma GCC unroll 4
   for (int k = 0; k < 4; ++k) {
     const int step = 1 << k;
     const __m512i low = _mm512_load_si512(kTransposeStages[k].low);
     const __m512i high = _mm512_load_si512(kTransposeStages[k].high);
+#pragma GCC unroll 16
     for (int r = 0; r < 16; ++r) {
       if ((r & step) != 0) continue;
       const __m512 a = rows[r], b = rows[r + step];
@@ -73,6 +77,7 @@ HWY_INLINE void Transpose16(__m512* rows) {
 
 // Stores rows[c] at out + c·out_stride, c < 16.
 HWY_INLINE void StoreRows16(const __m512* rows, float* out, int64_t out_stride) {
+#pragma GCC unroll 16
   for (int c = 0; c < 16; ++c) _mm512_storeu_ps(out + c * out_stride, rows[c]);
 }
 
@@ -82,6 +87,7 @@ HWY_INLINE void StoreRows16(const __m512* rows, float* out, int64_t out_stride) 
 HWY_INLINE void TransposeScaledSquare(const float* in, int64_t in_stride, __m512 factor, float* out,
                                       int64_t out_stride) {
   __m512 rows[16];
+#pragma GCC unroll 16
   for (int r = 0; r < 16; ++r) rows[r] = _mm512_mul_ps(_mm512_loadu_ps(in + r * in_stride), factor);
   Transpose16(rows);
   StoreRows16(rows, out, out_stride);
