@@ -93,17 +93,9 @@ bool ValueTileFinite(const Context& c, int64_t b, int64_t g, int64_t k_tile, int
   return known == 1;
 }
 
-// ---- the next block's rows, asked for ahead ---------------------------------------------------
-// A block is the first reader of its 64 query rows, and under a band mask of the band's newest K
-// and V tile too: a window of 256 keys visits 5 tiles per block, so these first touches, which
-// come from memory one miss at a time at about 2 GB/s (far below the bandwidth), cost the window
-// a fifth of its time (the Q packing and the first-visit finiteness check of V, where they
-// land). While a block computes, each of its first kPrefetchVisits tiles asks for a share of the
-// next block's rows: its queries, and the keys and values its band adds.
-constexpr int64_t kPrefetchVisits = 4;
+// ---- prefetching -------------------------------------------------------------------------------
 
-// Rows of one tensor to prefetch: `count` rows of `bytes`, `stride` bytes apart from `first`
-// (null: nothing).
+// Rows of one tensor to prefetch: `count` rows of `bytes`, `stride` bytes apart from `first`.
 struct RowSpan {
   const char* first = nullptr;
   int64_t count = 0, stride = 0, bytes = 0;
@@ -116,32 +108,6 @@ RowSpan RowsOf(const TensorView& t, int64_t b, int64_t h, int64_t l, int64_t cou
           t.stride(2) * size, width * size};
 }
 
-struct NextBlockRows {
-  RowSpan q;          // the next block's query rows
-  RowSpan k, v;       // the key and value rows the next block's band adds
-  int64_t parts = 1;  // the visits the rows are shared among
-};
-
-NextBlockRows FindNextBlockRows(const Context& c, const Block& blk, BlockMap::TileRange band) {
-  const Problem& p = *c.problem;
-  NextBlockRows next;
-  const int64_t next_first = blk.q_first + kTileQ;
-  if (next_first >= p.q_len || p.q.stride(3) != 1) return next;
-  next.q =
-      RowsOf(p.q, blk.b, blk.h, next_first, std::min(kTileQ, p.q_len - next_first), p.head_dim);
-  next.parts = std::clamp<int64_t>(band.end - band.first, 1, kPrefetchVisits);
-  const BlockMap::TileRange following = c.blocks->k_tile_range(blk.b, blk.h, next_first / kTileQ);
-  const int64_t new_tile = std::max(band.end, following.first);
-  if (p.pages != nullptr || new_tile >= following.end || p.k.stride(3) != 1 || p.v.stride(3) != 1) {
-    return next;
-  }
-  const int64_t g = p.kv_head(blk.h), j0 = new_tile * kTileK;
-  const int64_t rows = std::min(kTileK, p.k_len - j0);
-  next.k = RowsOf(p.k, blk.b, g, j0, rows, p.head_dim);
-  next.v = RowsOf(p.v, blk.b, g, j0, rows, p.value_dim);
-  return next;
-}
-
 // The cache lines of [first, end).
 void PrefetchBytes(const char* first, const char* end) {
   for (uintptr_t at = reinterpret_cast<uintptr_t>(first) & ~uintptr_t{63};
@@ -150,15 +116,12 @@ void PrefetchBytes(const char* first, const char* end) {
   }
 }
 
-// Rows [part·count/parts, (part + 1)·count/parts) of the span.
-void PrefetchRowShare(const RowSpan& span, int64_t part, int64_t parts) {
-  if (span.first == nullptr) return;
-  const int64_t row_first = part * span.count / parts, row_end = (part + 1) * span.count / parts;
+void PrefetchRows(const RowSpan& span) {
   if (span.stride == span.bytes) {  // contiguous rows: one range
-    PrefetchBytes(span.first + row_first * span.stride, span.first + row_end * span.stride);
+    PrefetchBytes(span.first, span.first + span.count * span.stride);
     return;
   }
-  for (int64_t r = row_first; r < row_end; ++r) {
+  for (int64_t r = 0; r < span.count; ++r) {
     const char* row = span.first + r * span.stride;
     PrefetchBytes(row, row + span.bytes);
   }
@@ -171,15 +134,8 @@ void PrefetchKeyTile(const Context& c, const Block& blk, int64_t k_tile) {
   if (p.pages != nullptr || p.k.stride(3) != 1 || p.v.stride(3) != 1) return;
   const int64_t g = p.kv_head(blk.h), j0 = k_tile * kTileK;
   const int64_t rows = std::min(kTileK, p.k_len - j0);
-  PrefetchRowShare(RowsOf(p.k, blk.b, g, j0, rows, p.head_dim), 0, 1);
-  PrefetchRowShare(RowsOf(p.v, blk.b, g, j0, rows, p.value_dim), 0, 1);
-}
-
-void PrefetchNextBlock(const NextBlockRows& next, int64_t visit) {
-  if (visit >= next.parts) return;
-  PrefetchRowShare(next.q, visit, next.parts);
-  PrefetchRowShare(next.k, visit, next.parts);
-  PrefetchRowShare(next.v, visit, next.parts);
+  PrefetchRows(RowsOf(p.k, blk.b, g, j0, rows, p.head_dim));
+  PrefetchRows(RowsOf(p.v, blk.b, g, j0, rows, p.value_dim));
 }
 
 // ---- tile kernel: mask, finalisation, the loop -------------------------------------------------
@@ -408,8 +364,6 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
   SoftmaxStart(p, blk.h, blk.with_sink, scratch.row_max, scratch.row_sum, scratch.poisoned, kTileQ);
   std::memset(scratch.o, 0, p.value_dim * kTileQ * sizeof(float));
   int64_t pending = -1;  // the fused path's key tile whose P·V is still to come
-  const NextBlockRows next = FindNextBlockRows(c, blk, band);
-  int64_t visit = 0;
   VisitedTile tile =
       NextVisitedTile(c, blk, q_tile, std::max(band.first, blk.k_first / kTileK), k_tile_end);
   while (tile.k_tile < k_tile_end) {
@@ -417,7 +371,6 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
     const TileKind kind = tile.kind;
     tile = NextVisitedTile(c, blk, q_tile, k_tile + 1, k_tile_end);
     if (tile.k_tile < k_tile_end && tile.k_tile != k_tile + 1) PrefetchKeyTile(c, blk, tile.k_tile);
-    PrefetchNextBlock(next, visit++);
     if (FusedPath(c, blk, k_tile, scratch)) {
       FusedScoresAndWeights(c, blk, k_tile, kind, pending, scratch);
       pending = k_tile;
