@@ -132,6 +132,57 @@ TEST(BlockMap, ClassificationsAgreeWithTheElementGrid) {
   }
 }
 
+TEST(BlockMap, NextCandidateSkipsOnlyEmptyTiles) {
+  // Whatever the mask, the tiles next_candidate jumps over are empty ones.
+  for (const auto& [lq, lk, tq, tk] :
+       {std::array<int64_t, 4>{23, 23, 4, 4}, {17, 31, 3, 5}, {130, 140, 10, 7}}) {
+    for (const Case& c : catalogue(lq, lk)) {
+      const MaskShape shape = {2, 3, lq, lk};
+      const detail::ResolvedMask resolved(c.mask, shape);
+      const detail::BlockMap blocks(resolved, tq, tk);
+      for (int64_t b = 0; b < 2; ++b) {
+        for (int64_t h = 0; h < 3; ++h) {
+          for (int64_t qt = 0; qt < blocks.q_tiles(); ++qt) {
+            for (int64_t kt = 0; kt <= blocks.k_tiles(); ++kt) {
+              const int64_t next = blocks.next_candidate(b, h, qt, kt);
+              ASSERT_GE(next, kt) << c.name;
+              ASSERT_LE(next, std::max(kt, blocks.k_tiles())) << c.name;
+              for (int64_t skipped = kt; skipped < next; ++skipped) {
+                ASSERT_EQ(blocks.kind(b, h, qt, skipped), TileKind::empty)
+                    << c.name << " b" << b << " h" << h << " tile " << qt << "," << skipped;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(BlockMap, NextCandidateJumpsToTheNextGlobalKeyOrLayoutBlock) {
+  // Window(64, 64) with global tokens 100 and 700 over N = 1024, tiles of 64: past its band a
+  // query tile holding no global token can only see the tiles of global keys 100 (tile 1) and
+  // 700 (tile 10); a tile holding one sees every tile.
+  std::vector<int64_t> ids(1024, 0);
+  ids[100] = ids[700] = 1;
+  const Mask longformer = Mask().window(64, 64).global_tokens(Array<int64_t>({1024}, ids));
+  const MaskShape shape = {1, 1, 1024, 1024};
+  const detail::ResolvedMask resolved(longformer, shape);
+  const detail::BlockMap blocks(resolved, 64, 64);
+  EXPECT_EQ(blocks.next_candidate(0, 0, 5, 7), 10);   // band 4..6, then global key 700
+  EXPECT_EQ(blocks.next_candidate(0, 0, 5, 2), 4);    // after tile 1's key, the band
+  EXPECT_EQ(blocks.next_candidate(0, 0, 5, 11), 16);  // nothing left
+  EXPECT_EQ(blocks.next_candidate(0, 0, 10, 2), 2);   // tile 10 holds global query 700
+  // A block-sparse layout: the next key tile whose block is on.
+  std::vector<uint8_t> layout(16 * 16, 0);
+  layout[3 * 16 + 3] = layout[3 * 16 + 12] = 1;
+  const Mask sparse = Mask().block_sparse(Array<uint8_t>({16, 16}, layout), 64, 64);
+  const detail::ResolvedMask resolved_sparse(sparse, shape);
+  const detail::BlockMap sparse_blocks(resolved_sparse, 64, 64);
+  EXPECT_EQ(sparse_blocks.next_candidate(0, 0, 3, 4), 12);
+  EXPECT_EQ(sparse_blocks.next_candidate(0, 0, 3, 13), 16);
+}
+
 TEST(BlockMap, CausalSkipsTheUpperTriangle) {
   const Array<uint8_t> map = block_map(Mask().causal(), {1, 1, 256, 256});
   const std::vector<uint8_t> expected = {1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1};

@@ -340,15 +340,17 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
 }
 
 // The block's first non-empty key tile in [from, end) (`end` when there is none), and its kind.
+// Past an empty tile the block map says where the next non-empty one can be at the earliest.
 struct VisitedTile {
   int64_t k_tile;
   TileKind kind;
 };
 VisitedTile NextVisitedTile(const Context& c, const Block& blk, int64_t q_tile, int64_t from,
                             int64_t end) {
-  for (; from < end; ++from) {
+  while (from < end) {
     const TileKind kind = c.blocks->kind(blk.b, blk.h, q_tile, from);
     if (kind != TileKind::empty) return {from, kind};
+    from = c.blocks->next_candidate(blk.b, blk.h, q_tile, from + 1);
   }
   return {end, TileKind::empty};
 }

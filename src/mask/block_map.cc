@@ -347,6 +347,33 @@ TileKind BlockMap::global_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_
   return kind;
 }
 
+bool BlockMap::windows_relaxed(int64_t h) const {
+  bool relaxed = false;  // spans or prefix-LM may allow pairs anywhere outside the windows
+  for (const component::Spans* spans : mask_.spans_) relaxed |= spans->heads.contains(h);
+  for (const component::Prefix* prefix : mask_.prefixes_) relaxed |= prefix->heads.contains(h);
+  return relaxed;
+}
+
+BlockMap::Range BlockMap::window_band(int64_t b, int64_t h, int64_t q_tile, Range keys) const {
+  if (windows_relaxed(h)) return keys;
+  const int64_t qpos_lo = mask_.global_qpos(b, q_first(q_tile));
+  const int64_t qpos_hi = mask_.global_qpos(b, q_end(q_tile) - 1);
+  const int64_t to_index = -mask_.global_kpos(b, 0);  // key row = kpos + to_index
+  for (const component::Window* window : mask_.windows_) {
+    if (!window->heads.contains(h)) continue;
+    // qpos − left ≤ kpos ≤ qpos + right for some qpos in [qpos_lo, qpos_hi].
+    keys.lo = std::max(keys.lo, saturating_add(saturating_add(qpos_lo, -window->left), to_index));
+    keys.hi = std::min(keys.hi, saturating_add(saturating_add(qpos_hi, window->right), to_index));
+  }
+  return keys;
+}
+
+bool BlockMap::holds_global_query(const GlobalCounts& counts, int64_t b, int64_t q_tile) const {
+  const int64_t q_row = ResolvedMask::global_row(counts.global->query_ids, b);
+  const int64_t* queries = counts.queries.data() + q_row * (mask_.global_shape().q_len + 1);
+  return queries[q_end(q_tile)] > queries[q_first(q_tile)];
+}
+
 BlockMap::TileRange BlockMap::k_tile_range(int64_t b, int64_t h, int64_t q_tile) const {
   if (!skipping_) return {0, k_tiles_};
   const MaskShape& shape = mask_.global_shape();
@@ -357,38 +384,26 @@ BlockMap::TileRange BlockMap::k_tile_range(int64_t b, int64_t h, int64_t q_tile)
     if (padding->form == Form::lengths) hi = std::min(hi, padding->values.values()[b] - 1);
     if (padding->form == Form::starts) lo = std::max(lo, padding->values.values()[b]);
   }
-  const int64_t q_first = this->q_first(q_tile);
   const int64_t q_last = q_end(q_tile) - 1;
-  const int64_t qpos_lo = mask_.global_qpos(b, q_first), qpos_hi = mask_.global_qpos(b, q_last);
+  const int64_t qpos_lo = mask_.global_qpos(b, q_first(q_tile));
+  const int64_t qpos_hi = mask_.global_qpos(b, q_last);
   const int64_t to_index = -mask_.global_kpos(b, 0);  // key row = kpos + to_index
-  bool relaxed = false;  // spans or prefix-LM may allow pairs anywhere outside the windows
-  for (const component::Spans* spans : mask_.spans_) relaxed |= spans->heads.contains(h);
-  for (const component::Prefix* prefix : mask_.prefixes_) relaxed |= prefix->heads.contains(h);
-  // Keys [band_lo, band_hi] inside every window, widened by what global tokens allow: every key
+  // Keys [band.lo, band.hi] inside every window, widened by what global tokens allow: every key
   // for a tile holding a global query, else also the first to the last global key.
-  int64_t band_lo = lo, band_hi = hi;
-  for (const component::Window* window : mask_.windows_) {
-    if (relaxed || !window->heads.contains(h)) continue;
-    // qpos − left ≤ kpos ≤ qpos + right for some qpos in [qpos_lo, qpos_hi].
-    band_lo = std::max(band_lo, saturating_add(saturating_add(qpos_lo, -window->left), to_index));
-    band_hi = std::min(band_hi, saturating_add(saturating_add(qpos_hi, window->right), to_index));
-  }
+  Range band = window_band(b, h, q_tile, {lo, hi});
   for (const GlobalCounts& counts : global_counts_) {
     if (!counts.global->heads.contains(h)) continue;
-    const int64_t q_row = ResolvedMask::global_row(counts.global->query_ids, b);
-    const int64_t* queries = counts.queries.data() + q_row * (shape.q_len + 1);
     const Range keys = counts.key_span[b];
-    if (queries[q_last + 1] > queries[q_first]) {
-      band_lo = 0;
-      band_hi = shape.k_len - 1;
+    if (holds_global_query(counts, b, q_tile)) {
+      band = {0, shape.k_len - 1};
     } else if (keys.lo <= keys.hi) {
-      const bool band_empty = band_hi < band_lo;
-      band_lo = band_empty ? keys.lo : std::min(band_lo, keys.lo);
-      band_hi = band_empty ? keys.hi : std::max(band_hi, keys.hi);
+      const bool band_empty = band.hi < band.lo;
+      band.lo = band_empty ? keys.lo : std::min(band.lo, keys.lo);
+      band.hi = band_empty ? keys.hi : std::max(band.hi, keys.hi);
     }
   }
-  lo = std::max(lo, band_lo);
-  hi = std::min(hi, band_hi);
+  lo = std::max(lo, band.lo);
+  hi = std::min(hi, band.hi);
   for (const component::Chunk* chunk : mask_.chunks_) {
     if (!chunk->heads.contains(h)) continue;
     lo = std::max(lo, floor_div(qpos_lo, chunk->size) * chunk->size + to_index);
@@ -402,6 +417,41 @@ BlockMap::TileRange BlockMap::k_tile_range(int64_t b, int64_t h, int64_t q_tile)
     range = {std::max(range.first, row.first), std::min(range.end, row.end)};
   }
   return range.first < range.end ? range : TileRange{0, 0};
+}
+
+int64_t BlockMap::next_candidate(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const {
+  if (!skipping_ || k_tile >= k_tiles_) return k_tile;
+  int64_t next = std::max(k_tile, next_global_candidate(b, h, q_tile, k_tile));
+  for (const auto& scanned : scanned_) {
+    while (next < k_tiles_ && scanned->at(b, h, q_tile, next) == TileKind::empty) ++next;
+  }
+  return next;
+}
+
+// Outside the windows' band of a query tile holding no global query, only a tile holding a global
+// key can have an allowed pair (order_kind): the next such tile, or the band.
+int64_t BlockMap::next_global_candidate(int64_t b, int64_t h, int64_t q_tile,
+                                        int64_t k_tile) const {
+  if (global_counts_.empty()) return k_tile;
+  const int64_t k_len = mask_.global_shape().k_len;
+  const Range band = window_band(b, h, q_tile, {k_origin(), k_origin() + mask_.shape().k_len - 1});
+  if (band.lo <= k_first(k_tile) && k_first(k_tile) <= band.hi) return k_tile;
+  int64_t next =
+      band.lo > k_first(k_tile) && band.lo <= band.hi ? (band.lo - k_origin()) / tile_k_ : k_tiles_;
+  for (const GlobalCounts& counts : global_counts_) {
+    if (!counts.global->heads.contains(h)) continue;
+    if (holds_global_query(counts, b, q_tile)) return k_tile;
+    const int64_t k_row = ResolvedMask::global_row(counts.global->key_ids, b);
+    const int64_t* keys = counts.keys.data() + k_row * (k_len + 1);
+    // The first global key at or after the tile's first key: keys[] is a non-decreasing prefix
+    // count, so the first count above keys[first] ends at it.
+    const int64_t first = k_first(k_tile);
+    const int64_t* above = std::upper_bound(keys + first + 1, keys + k_len + 1, keys[first]);
+    if (above == keys + k_len + 1) continue;
+    const int64_t key = (above - keys) - 1;
+    next = std::min(next, (key - k_origin()) / tile_k_);
+  }
+  return std::min(next, k_tiles_);
 }
 
 TileKind BlockMap::kind(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const {

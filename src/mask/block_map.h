@@ -49,6 +49,11 @@ class BlockMap {
   };
   TileRange k_tile_range(int64_t b, int64_t h, int64_t q_tile) const;
 
+  // A key tile ≥ k_tile before which every block of this query tile is empty (k_tile itself when
+  // nothing is known): a kernel that met an empty tile jumps here instead of asking kind() of each
+  // tile in between, which for Longformer's global keys or BigBird's layout is most of the row.
+  int64_t next_candidate(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const;
+
   struct Range {
     int64_t lo, hi;  // inclusive
   };
@@ -94,6 +99,13 @@ class BlockMap {
                         int64_t first, int64_t end, int64_t length) const;
   TileKind order_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_end, int64_t k_first,
                       int64_t k_end) const;
+  // Spans or prefix-LM may allow pairs of head h anywhere outside the windows.
+  bool windows_relaxed(int64_t h) const;
+  // `keys` (global rows) narrowed to the keys inside every window of head h for some query of the
+  // tile (unchanged when windows_relaxed).
+  Range window_band(int64_t b, int64_t h, int64_t q_tile, Range keys) const;
+  bool holds_global_query(const GlobalCounts& counts, int64_t b, int64_t q_tile) const;
+  int64_t next_global_candidate(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const;
 
   const ResolvedMask& mask_;
   int64_t tile_q_, tile_k_, q_tiles_, k_tiles_;
