@@ -229,6 +229,39 @@ TEST(BlockMap, LongformerVisitsTheBandAndTheGlobalRowsAndColumns) {
   EXPECT_LT(visited, 16 * 16 / 2);
 }
 
+TEST(BlockMap, GlobalQueriesApart) {
+  // Window(64, 64) and global tokens 100 and 700 over N = 1024: a global query sees every key, so
+  // its rows may be computed apart; the map then keeps their query tiles (1 and 10) to their
+  // bands and the global keys' tiles.
+  std::vector<int64_t> ids(1024, 0);
+  ids[100] = ids[700] = 1;
+  const Mask longformer = Mask().window(64, 64).global_tokens(Array<int64_t>({1024}, ids));
+  const MaskShape shape = {1, 2, 1024, 1024};
+  const detail::ResolvedMask resolved(longformer, shape);
+  EXPECT_TRUE(detail::BlockMap::global_queries_see_every_key(resolved));
+  EXPECT_EQ(detail::BlockMap::global_query_rows(resolved, 0, 1), (std::vector<int64_t>{100, 700}));
+  const detail::BlockMap together(resolved, 64, 64);
+  const detail::BlockMap apart(resolved, 64, 64, true, true);
+  EXPECT_EQ(together.k_tile_range(0, 0, 10).end, 16);
+  EXPECT_EQ(apart.k_tile_range(0, 0, 10).first, 1);  // global key 100's tile, then the band
+  EXPECT_EQ(apart.k_tile_range(0, 0, 10).end, 12);
+  EXPECT_EQ(together.kind(0, 0, 10, 14), TileKind::partial);
+  EXPECT_EQ(apart.kind(0, 0, 10, 14), TileKind::empty);
+  EXPECT_EQ(apart.kind(0, 0, 10, 1), TileKind::partial);  // the global key
+  EXPECT_EQ(apart.next_candidate(0, 0, 10, 2), 9);
+  // Per head, and only where nothing but windows stands between a global query and a key.
+  const Mask on_head_1 = Mask().causal().global_tokens(Array<int64_t>({1024}, ids), HeadSet{1});
+  const detail::ResolvedMask resolved_head(on_head_1, shape);
+  EXPECT_TRUE(detail::BlockMap::global_query_rows(resolved_head, 0, 0).empty());
+  EXPECT_EQ(detail::BlockMap::global_query_rows(resolved_head, 0, 1).size(), 2u);
+  for (const Mask& mask :
+       {Mask().causal(),
+        Mask().window(8, 8).global_tokens(Array<int64_t>({1024}, ids)).key_lengths({1000}),
+        Mask().global_tokens(Array<int64_t>({1024}, ids)).chunk(128)}) {
+    EXPECT_FALSE(detail::BlockMap::global_queries_see_every_key(detail::ResolvedMask(mask, shape)));
+  }
+}
+
 TEST(BlockMap, BlockSparseLayoutsAreClassifiedWithoutTouchingElements) {
   // Layout blocks of 32 under tiles of 64: a tile is full when its four blocks are on, empty when
   // none is, else partial; the row's key tiles run from its first to its last non-empty one.

@@ -196,6 +196,46 @@ TEST(FusedSparse, DenseKeepOfTheSamePairsIsBitwiseEqual) {
   }
 }
 
+TEST(FusedSparse, GatheredGlobalQueriesAreBitwiseEqual) {
+  // Global tokens spread over the sequence (one every 100 rows, so every other block holds one)
+  // are computed apart, gathered into blocks of their own (fused.cc): the same bits as a dense
+  // keep mask of the same pairs and as the kernel without block skipping, for every dtype, one and
+  // two threads, with attention sinks, per-head and per-sequence global tokens, and GQA.
+  const Problem p(2, 4, 2, 700, 640, 32, 24, 41);
+  std::vector<int64_t> ids_q, ids_k;
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t i = 0; i < p.Lq; ++i) ids_q.push_back((i + 7 * b) % 100 == 5);
+    for (int64_t j = 0; j < p.Lk; ++j) ids_k.push_back((j + 7 * b) % 100 == 5);
+  }
+  const Array<int64_t> global_q({p.B, p.Lq}, ids_q), global_k({p.B, p.Lk}, ids_k);
+  const std::vector<std::pair<std::string, Mask>> masks = {
+      {"window 64 & global", Mask().sliding_window(64).global_tokens(global_q, global_k)},
+      {"causal & global on heads 1, 2",
+       Mask().causal().global_tokens(global_q, global_k, HeadSet{1, 2})},
+      {"window(30, 30) & global [L]",
+       Mask().window(30, 30).global_tokens(
+           Array<int64_t>({p.Lq}, {ids_q.begin(), ids_q.begin() + p.Lq}),
+           Array<int64_t>({p.Lk}, {ids_k.begin(), ids_k.begin() + p.Lk}))}};
+  ScoreMods sinks;
+  sinks.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  for (const auto& [name, mask] : masks) {
+    const Mask dense = Mask().keep(allowed_pairs(mask, p.shape()));
+    for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+      for (const ScoreMods& mods : {ScoreMods{}, sinks}) {
+        const Result gathered = run_kernel(p, dtype, mask, mods, Kernel::fused, 2);
+        const Result one_thread = run_kernel(p, dtype, mask, mods, Kernel::fused, 1);
+        const Result plain = run_kernel(p, dtype, mask, mods, Kernel::fused, 2, false);
+        const Result keep = run_kernel(p, dtype, dense, mods, Kernel::fused, 2);
+        for (const Result* other : {&one_thread, &plain, &keep}) {
+          EXPECT_EQ(gathered.out, other->out) << name;
+          EXPECT_EQ(gathered.lse, other->lse) << name;
+        }
+      }
+    }
+    expect_within_rule(p, DType::f32, mask, name);
+  }
+}
+
 TEST(FusedRows, FullyHiddenRowsAndNonFiniteHiddenValues) {
   Problem p(1, 2, 1, 100, 80, 16, 16, 8);
   for (int64_t e = 0; e < 16; ++e) p.v[70 * 16 + e] = NAN;  // key 70 is padding below

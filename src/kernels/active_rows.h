@@ -31,6 +31,19 @@ inline ActiveRows AllRows(int64_t rows) {
   return all;
 }
 
+// A block of `queries` < kProductLanes queries (the end of a sequence, gathered global-token rows):
+// the lane blocks holding one on all `rows` rows, the others on none.
+inline ActiveRows LeadingLaneBlocks(int64_t queries, int64_t rows) {
+  ActiveRows active;
+  active.rows = 0;
+  for (int64_t c = 0; c < kLaneBlocks; ++c) {
+    active.first[c] = 0;
+    active.end[c] = c * kLaneBlock < queries ? rows : 0;
+    active.rows += active.end[c];
+  }
+  return active;
+}
+
 // From the bit rows of a partial tile (bit i of allowed[j]: query i may see key j).
 inline ActiveRows FindActiveRows(const uint64_t* allowed, int64_t rows) {
   ActiveRows active;

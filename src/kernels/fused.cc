@@ -13,6 +13,8 @@
 // handed out kv head by kv head (b, g), longest first within each (counted in non-empty tiles):
 // longest first keeps a causal mask's uneven rows balanced, and head by head keeps one head's K
 // and V in the caches while its blocks run (core/parallel.h, longest_first_within_groups).
+// Global-token queries spread over the sequence run apart, gathered into blocks of their own
+// (GlobalRows below).
 #include "kernels/fused.h"
 
 #include <omp.h>
@@ -23,6 +25,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <numeric>
 #include <vector>
 
 #include "core/element.h"
@@ -31,6 +34,7 @@
 #include "kernels/fused_block.h"
 #include "kernels/merge.h"
 #include "kernels/product_unit.h"
+#include "mask/resolved_mask.h"
 #include "maskattn/cpu.h"
 #include "maskattn/memory.h"
 
@@ -222,6 +226,119 @@ void run_tile_item(const Context& context, const Item& item, const RowWriter& wr
   }
 }
 
+// ---- global-token queries, apart --------------------------------------------------------------
+// A query that is a global token (Longformer) sees every key, so the block holding it sweeps the
+// whole row of key tiles for that one query while its other queries see only their band: with
+// global tokens spread over the sequence, every block holding one did (2.2× the proportional time
+// at N = 16384). Where such queries see every key (BlockMap::global_queries_see_every_key) and are
+// spread over more blocks than they fill, they are gathered into a small Q of their own, up to 64
+// per block of their head, and run as dense blocks against all keys after the other items; the
+// other blocks visit only their bands (BlockMap's global_queries_apart), and the gathered results
+// overwrite the global rows they wrote. The same bits: a gathered query meets the same key tiles in
+// the same order with the same arithmetic in its lane, and its lane in the band-only block lost
+// only tiles it saw nothing of, which would have left its running maximum, sum and output exactly
+// as they were (α = exp(0) = 1, weights 0); only that lane's result is replaced anyway.
+struct GlobalRows {
+  std::vector<std::vector<int64_t>> rows;  // [B·Hq]: the call's global query rows of (b, h)
+  int64_t width = 0;                       // the most of one (b, h)
+  bool apart() const { return width > 0; }
+};
+
+GlobalRows global_rows_apart(const Problem& p, bool block_skipping) {
+  GlobalRows global;
+  if (!block_skipping || p.dropout.on || p.pages != nullptr || has_score_mods(p) ||
+      !BlockMap::global_queries_see_every_key(*p.mask)) {
+    return global;
+  }
+  global.rows.resize(p.batch * p.q_heads);
+  int64_t sweeping_blocks = 0, gathered_blocks = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t h = 0; h < p.q_heads; ++h) {
+      std::vector<int64_t>& rows = global.rows[b * p.q_heads + h];
+      rows = BlockMap::global_query_rows(*p.mask, b, h);
+      const int64_t count = static_cast<int64_t>(rows.size());
+      for (int64_t n = 0; n < count; ++n) {
+        sweeping_blocks += n == 0 || rows[n] / kTileQ != rows[n - 1] / kTileQ;
+      }
+      gathered_blocks += (count + kTileQ - 1) / kTileQ;
+      global.width = std::max(global.width, count);
+    }
+  }
+  if (gathered_blocks >= sweeping_blocks) return GlobalRows();  // nothing to gain
+  return global;
+}
+
+// The global rows of p.q, row n of (b, h) at [b, h, n], in p.q's dtype (zero rows past a head's
+// count) in `storage`.
+TensorView gather_global_queries(const Problem& p, const GlobalRows& global,
+                                 std::vector<uint8_t>& storage) {
+  const int64_t size = static_cast<int64_t>(dtype_size(p.q.dtype()));
+  const int64_t row_bytes = p.head_dim * size;
+  storage.assign(p.batch * p.q_heads * global.width * row_bytes, 0);
+  const auto* q = static_cast<const uint8_t*>(p.q.data());
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t h = 0; h < p.q_heads; ++h) {
+      const std::vector<int64_t>& rows = global.rows[b * p.q_heads + h];
+      for (size_t n = 0; n < rows.size(); ++n) {
+        uint8_t* to = storage.data() + ((b * p.q_heads + h) * global.width + n) * row_bytes;
+        const int64_t from = p.q.offset({b, h, rows[n], 0});
+        for (int64_t d = 0; d < p.head_dim; ++d) {
+          std::memcpy(to + d * size, q + (from + d * p.q.stride(3)) * size, size);
+        }
+      }
+    }
+  }
+  return TensorView(storage.data(), p.q.dtype(), {p.batch, p.q_heads, global.width, p.head_dim});
+}
+
+// Runs the gathered rows as dense blocks against every key (after every other item: their
+// results replace what those wrote for the same rows).
+void run_global_rows(const Context& context, const GlobalRows& global, const RowWriter& write,
+                     int64_t unit_bytes) {
+  const Problem& p = *context.problem;
+  std::vector<uint8_t>& storage = reused<uint8_t, Forward>();
+  Problem gathered = p;
+  gathered.q = gather_global_queries(p, global, storage);
+  gathered.q_len = global.width;
+  const Mask none;
+  const ResolvedMask every_key(none, {p.batch, p.q_heads, global.width, p.k_len});
+  gathered.mask = &every_key;
+  const BlockMap blocks(every_key, kTileQ, kTileK);
+  const TileMaskBuilder tile_masks(every_key);
+  Context gathered_context = context;
+  gathered_context.problem = &gathered;
+  gathered_context.blocks = &blocks;
+  gathered_context.tile_masks = &tile_masks;
+  std::vector<Block> blocks_to_run;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t h = 0; h < p.q_heads; ++h) {
+      const auto count = static_cast<int64_t>(global.rows[b * p.q_heads + h].size());
+      for (int64_t q_first = 0; q_first < count; q_first += kTileQ) {
+        Block block;
+        block.b = b;
+        block.h = h;
+        block.q_first = q_first;
+        block.q_count = std::min(kTileQ, count - q_first);
+        block.k_end = p.k_len;
+        blocks_to_run.push_back(block);
+      }
+    }
+  }
+  std::vector<int64_t> order(blocks_to_run.size());
+  std::iota(order.begin(), order.end(), 0);
+  run_in_order(order, p.threads, [&](int64_t index) {
+    thread_local Scratch scratch;
+    scratch.reserve(p.head_dim, p.value_dim, unit_bytes);
+    const Block& block = blocks_to_run[index];
+    attend_block(gathered_context, block, scratch);
+    const std::vector<int64_t>& rows = global.rows[block.b * p.q_heads + block.h];
+    for (int64_t r = 0; r < block.q_count; ++r) {
+      write(block.b, block.h, rows[block.q_first + r], scratch.out + r * p.value_dim,
+            scratch.lse[r]);
+    }
+  });
+}
+
 void run_row_item(const Context& context, const Item& item, const std::vector<Row>& rows,
                   bool split, const RowWriter& write, const Partials& partials, Scratch& scratch) {
   const Problem& p = *context.problem;
@@ -278,7 +395,8 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   const void* prepared = mode.unit != nullptr ? mode.unit->prepare(p) : nullptr;
 
   // ---- what every item reads ----
-  const BlockMap blocks(*p.mask, kTileQ, kTileK, block_skipping);
+  const GlobalRows global = mode.rows ? GlobalRows() : global_rows_apart(p, block_skipping);
+  const BlockMap blocks(*p.mask, kTileQ, kTileK, block_skipping, global.apart());
   const TileMaskBuilder tile_masks(*p.mask);
   Context context;
   context.problem = &p;
@@ -331,6 +449,7 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
     }
   });
   if (chunks > 1) merge_split_keys(p, items, rows, chunks, partials, write);
+  if (global.apart()) run_global_rows(context, global, write, unit_bytes);
 }
 
 }  // namespace maskattn::detail::fused

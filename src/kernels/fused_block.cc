@@ -306,7 +306,8 @@ const uint64_t* TileKeepBits(const Context& c, const Block& blk, int64_t j0, Scr
 
 // One key tile of a block: scores, modifiers, mask, one online-softmax step, O += P·V. A partial
 // tile whose allowed pairs leave lane blocks empty on some rows (tile_products-inl.h) runs on the
-// active rows alone when that saves at least a quarter of the work (units with `active_rows`).
+// active rows alone when that saves at least a quarter of the work (units with `active_rows`), and
+// so does a full tile of a block with whole lane blocks of no query.
 void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kind,
                 Scratch& scratch) {
   const Problem& p = *c.problem;
@@ -323,6 +324,9 @@ void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kin
       active_rows = FindActiveRows(allowed, rows);
       if (4 * active_rows.rows <= 3 * kLaneBlocks * rows) active = &active_rows;
     }
+  } else if (blk.q_count <= kTileQ - kLaneBlock && c.unit->active_rows && c.skip_hidden_rows) {
+    active_rows = LeadingLaneBlocks(blk.q_count, rows);  // lane blocks with no query left out
+    active = &active_rows;
   }
   c.unit->scores(c, blk, g, j0, rows, active, scratch);
   if (c.score_mods) {

@@ -103,13 +103,15 @@ ScannedKinds scan_tiles(const BlockMap& map, int64_t batch, int64_t heads,
 
 }  // namespace
 
-BlockMap::BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, bool skipping)
+BlockMap::BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, bool skipping,
+                   bool global_queries_apart)
     : mask_(mask),
       tile_q_(tile_q),
       tile_k_(tile_k),
       q_tiles_((mask.shape().q_len + tile_q - 1) / tile_q),
       k_tiles_((mask.shape().k_len + tile_k - 1) / tile_k),
       skipping_(skipping),
+      global_queries_apart_(global_queries_apart),
       trees_(mask, tile_q, tile_k) {
   if (!skipping_) return;
   const MaskShape& shape = mask.global_shape();
@@ -339,7 +341,7 @@ TileKind BlockMap::global_kind(int64_t b, int64_t h, int64_t q_first, int64_t q_
     const int64_t k_row = ResolvedMask::global_row(counts.global->key_ids, b);
     const int64_t* queries = counts.queries.data() + q_row * (shape.q_len + 1);
     const int64_t* keys = counts.keys.data() + k_row * (shape.k_len + 1);
-    const int64_t global_queries = queries[q_end] - queries[q_first];
+    const int64_t global_queries = global_queries_apart_ ? 0 : queries[q_end] - queries[q_first];
     const int64_t global_keys = keys[k_end] - keys[k_first];
     if (global_queries == q_end - q_first || global_keys == k_end - k_first) return TileKind::full;
     if (global_queries > 0 || global_keys > 0) kind = TileKind::partial;
@@ -369,6 +371,7 @@ BlockMap::Range BlockMap::window_band(int64_t b, int64_t h, int64_t q_tile, Rang
 }
 
 bool BlockMap::holds_global_query(const GlobalCounts& counts, int64_t b, int64_t q_tile) const {
+  if (global_queries_apart_) return false;
   const int64_t q_row = ResolvedMask::global_row(counts.global->query_ids, b);
   const int64_t* queries = counts.queries.data() + q_row * (mask_.global_shape().q_len + 1);
   return queries[q_end(q_tile)] > queries[q_first(q_tile)];
@@ -484,6 +487,29 @@ TileKind BlockMap::kind(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) co
   fold(kind, trees_.kind(b, h, q_tile, k_tile, q_first, q_end, k_first, k_end));
   for (const auto& scanned : scanned_) fold(kind, scanned->at(b, h, q_tile, k_tile));
   return kind;
+}
+
+bool BlockMap::global_queries_see_every_key(const ResolvedMask& mask) {
+  // order_bits (tile_mask.cc): windows are the only components a global query's row ignores.
+  return !mask.globals_.empty() && mask.key_padding_.empty() && mask.query_padding_.empty() &&
+         mask.chunks_.empty() && mask.segments_.empty() && mask.spans_.empty() &&
+         mask.prefixes_.empty() && mask.layouts_.empty() && mask.dense_bool_.empty() &&
+         mask.additive_.empty() && mask.predicates_.empty() && mask.programs_.empty() &&
+         mask.trees_.empty();
+}
+
+std::vector<int64_t> BlockMap::global_query_rows(const ResolvedMask& mask, int64_t b, int64_t h) {
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < mask.shape().q_len; ++i) {
+    for (const component::GlobalTokens* global : mask.globals_) {
+      if (global->heads.contains(h) &&
+          ResolvedMask::is_global(global->query_ids, b, i + mask.q_origin())) {
+        rows.push_back(i);
+        break;
+      }
+    }
+  }
+  return rows;
 }
 
 }  // namespace maskattn::detail

@@ -20,7 +20,18 @@ class BlockMap {
  public:
   // `skipping` false classifies every block as partial (for tests: the same results must come
   // out with no block skipped and no mask work left out).
-  BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, bool skipping = true);
+  // `global_queries_apart` classifies as if no query were a global token: a caller that computes
+  // the global rows apart (kernels/global_rows.h) keeps their blocks to their bands. Only for masks
+  // whose global queries see every key (global_queries_see_every_key).
+  BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, bool skipping = true,
+           bool global_queries_apart = false);
+
+  // Whether a query that is a global token sees every key of the call: the mask holds windows and
+  // global tokens only (no padding, chunk, span, prefix-LM, segment, dense, additive, predicate,
+  // program, layout or tree component).
+  static bool global_queries_see_every_key(const ResolvedMask& mask);
+  // The call's query rows that are global tokens for head h of sequence b, ascending.
+  static std::vector<int64_t> global_query_rows(const ResolvedMask& mask, int64_t b, int64_t h);
 
   int64_t tile_q() const { return tile_q_; }
   int64_t tile_k() const { return tile_k_; }
@@ -110,6 +121,7 @@ class BlockMap {
   const ResolvedMask& mask_;
   int64_t tile_q_, tile_k_, q_tiles_, k_tiles_;
   bool skipping_;
+  bool global_queries_apart_;
   std::vector<PaddingCounts> query_counts_, key_counts_;
   // Per segment component: [B, q_tiles] and [B, k_tiles] id ranges.
   std::vector<std::vector<Range>> segment_q_, segment_k_;
