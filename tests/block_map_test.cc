@@ -159,13 +159,18 @@ TEST(BlockMap, NextCandidateSkipsOnlyEmptyTiles) {
   }
 }
 
+// Global tokens 100 and 700 of N = 1024 (with tiles of 64, in tiles 1 and 10).
+Array<int64_t> two_global_tokens() {
+  std::vector<int64_t> ids(1024, 0);
+  ids[100] = ids[700] = 1;
+  return Array<int64_t>({1024}, ids);
+}
+
 TEST(BlockMap, NextCandidateJumpsToTheNextGlobalKeyOrLayoutBlock) {
   // Window(64, 64) with global tokens 100 and 700 over N = 1024, tiles of 64: past its band a
   // query tile holding no global token can only see the tiles of global keys 100 (tile 1) and
   // 700 (tile 10); a tile holding one sees every tile.
-  std::vector<int64_t> ids(1024, 0);
-  ids[100] = ids[700] = 1;
-  const Mask longformer = Mask().window(64, 64).global_tokens(Array<int64_t>({1024}, ids));
+  const Mask longformer = Mask().window(64, 64).global_tokens(two_global_tokens());
   const MaskShape shape = {1, 1, 1024, 1024};
   const detail::ResolvedMask resolved(longformer, shape);
   const detail::BlockMap blocks(resolved, 64, 64);
@@ -233,9 +238,7 @@ TEST(BlockMap, GlobalQueriesApart) {
   // Window(64, 64) and global tokens 100 and 700 over N = 1024: a global query sees every key, so
   // its rows may be computed apart; the map then keeps their query tiles (1 and 10) to their
   // bands and the global keys' tiles.
-  std::vector<int64_t> ids(1024, 0);
-  ids[100] = ids[700] = 1;
-  const Mask longformer = Mask().window(64, 64).global_tokens(Array<int64_t>({1024}, ids));
+  const Mask longformer = Mask().window(64, 64).global_tokens(two_global_tokens());
   const MaskShape shape = {1, 2, 1024, 1024};
   const detail::ResolvedMask resolved(longformer, shape);
   EXPECT_TRUE(detail::BlockMap::global_queries_see_every_key(resolved));
@@ -250,14 +253,13 @@ TEST(BlockMap, GlobalQueriesApart) {
   EXPECT_EQ(apart.kind(0, 0, 10, 1), TileKind::partial);  // the global key
   EXPECT_EQ(apart.next_candidate(0, 0, 10, 2), 9);
   // Per head, and only where nothing but windows stands between a global query and a key.
-  const Mask on_head_1 = Mask().causal().global_tokens(Array<int64_t>({1024}, ids), HeadSet{1});
+  const Mask on_head_1 = Mask().causal().global_tokens(two_global_tokens(), HeadSet{1});
   const detail::ResolvedMask resolved_head(on_head_1, shape);
   EXPECT_TRUE(detail::BlockMap::global_query_rows(resolved_head, 0, 0).empty());
   EXPECT_EQ(detail::BlockMap::global_query_rows(resolved_head, 0, 1).size(), 2u);
   for (const Mask& mask :
-       {Mask().causal(),
-        Mask().window(8, 8).global_tokens(Array<int64_t>({1024}, ids)).key_lengths({1000}),
-        Mask().global_tokens(Array<int64_t>({1024}, ids)).chunk(128)}) {
+       {Mask().causal(), Mask().window(8, 8).global_tokens(two_global_tokens()).key_lengths({1000}),
+        Mask().global_tokens(two_global_tokens()).chunk(128)}) {
     EXPECT_FALSE(detail::BlockMap::global_queries_see_every_key(detail::ResolvedMask(mask, shape)));
   }
 }
