@@ -324,6 +324,43 @@ TEST(FusedBitwise, RunsOfShortBandBlocksEqualEachHeadAlone) {
   EXPECT_LT(worst, 1e-5);
 }
 
+TEST(FusedBitwise, PairedBlocksEqualEachHeadAlone) {
+  // With enough query blocks whose key band is long, two adjacent blocks of one head run
+  // together, each K and V tile read once for both; a single head alone (too few blocks to pair)
+  // must give the same bits, row for row, for each dtype, with and without a mask and sinks.
+  const Problem all(2, 4, 2, 1024, 1000, 16, 24, 23);
+  ScoreMods sinks;
+  sinks.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  for (const Mask& mask : {Mask(), Mask().causal(), Mask().window(300, 200)}) {
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      for (const ScoreMods& mods : {ScoreMods{}, sinks}) {
+        const Result whole = run_kernel(all, dtype, mask, mods, Kernel::fused);
+        for (const int64_t b : {int64_t{0}, int64_t{1}}) {
+          const int64_t h = 3, g = 1;  // query head 3 reads kv head 1
+          Problem one(1, 1, 1, all.Lq, all.Lk, all.D, all.Dv, 23);
+          const auto rows = [](const std::vector<float>& values, int64_t head, int64_t size) {
+            return std::vector<float>(values.begin() + head * size,
+                                      values.begin() + (head + 1) * size);
+          };
+          one.q = rows(all.q, b * all.Hq + h, all.Lq * all.D);
+          one.k = rows(all.k, b * all.Hkv + g, all.Lk * all.D);
+          one.v = rows(all.v, b * all.Hkv + g, all.Lk * all.Dv);
+          ScoreMods one_mods = mods;
+          if (!mods.sinks.empty()) one_mods.sinks = {mods.sinks[h]};
+          const Result alone = run_kernel(one, dtype, mask, one_mods, Kernel::fused);
+          const int64_t head = b * all.Hq + h;
+          EXPECT_TRUE(std::equal(alone.out.begin(), alone.out.end(),
+                                 whole.out.begin() + head * all.Lq * all.Dv))
+              << "b " << b;
+          EXPECT_TRUE(
+              std::equal(alone.lse.begin(), alone.lse.end(), whole.lse.begin() + head * all.Lq))
+              << "b " << b;
+        }
+      }
+    }
+  }
+}
+
 TEST(FusedExp, WithinThreeTenthsOfAMillionthOverTheSoftmaxRange) {
   // Every argument the online softmax can produce: (−∞, 0], densely near 0 and across the range
   // where results are normal floats; −inf must give exactly 0.

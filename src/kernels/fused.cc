@@ -14,7 +14,8 @@
 // longest first keeps a causal mask's uneven rows balanced, and head by head keeps one head's K
 // and V in the caches while its blocks run (core/parallel.h, longest_first_within_groups).
 // Global-token queries spread over the sequence run apart, gathered into blocks of their own
-// (GlobalRows below).
+// (GlobalRows below). Blocks whose key band is long run two at a time (attend_block_pair), so that
+// each K and V tile comes from the caches once for both.
 #include "kernels/fused.h"
 
 #include <omp.h>
@@ -56,6 +57,7 @@ struct Item {
   int64_t g = 0, k_first = 0, k_end = 0;
   int64_t cost = 0;
   int64_t partial = -1;  // row mode with split keys: index of the partial-result slot
+  bool paired = false;   // tile mode: two blocks (q_blocks = 2) run together (attend_block_pair)
 };
 
 // How one call runs: which kernel, and for the tile kernel which product unit.
@@ -81,10 +83,11 @@ Mode choose_mode(const Problem& p) {
 }
 
 // Working memory: the product unit's per-call packing, split-key partials, and O(tile) scratch
-// per thread (kept across calls). Throws the catalogue's memory error when it cannot be had.
+// per thread (kept across calls; two for the tile kernel's paired blocks). Throws the catalogue's
+// memory error when it cannot be had.
 void require_working_memory(const Problem& p, const Mode& mode) {
   double bytes = 4.0 * (kTileQ + kTileK) * (2.0 * p.head_dim + 2.0 * p.value_dim + kTileQ) *
-                 (p.threads > 0 ? p.threads : omp_get_max_threads());
+                 (p.threads > 0 ? p.threads : omp_get_max_threads()) * (mode.rows ? 1 : 2);
   if (mode.unit != nullptr) bytes += mode.unit->call_bytes(p);
   if (mode.rows && p.k_len > 2 * kChunkKeys) {
     bytes += 4.0 * p.batch * p.kv_heads * (p.k_len / kChunkKeys + 1) * kMaxRows *
@@ -110,13 +113,15 @@ bool has_score_mods(const Problem& p) {
 constexpr int64_t kShortBandTiles = 8;  // bands of at most this many tiles are grouped
 constexpr int64_t kMaxRunBlocks = 8;    // blocks per item at most
 
-void plan_tile_items(const Problem& p, const BlockMap& blocks, std::vector<Item>& items) {
+void plan_tile_items(const Problem& p, const BlockMap& blocks, bool pairing,
+                     std::vector<Item>& items) {
   // Keep at least 64 items, so that the threads still share the work evenly.
   const int64_t run_limit =
       std::clamp<int64_t>(p.batch * p.q_heads * blocks.q_tiles() / 64, 1, kMaxRunBlocks);
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.q_heads; ++h) {
-      bool run_open = false;  // the last item is a run of short-band blocks of this head
+      bool run_open = false;   // the last item is a run of short-band blocks of this head
+      bool pair_open = false;  // the last item is a long-band block a second one may join
       for (int64_t qt = 0; qt < blocks.q_tiles(); ++qt) {
         const BlockMap::TileRange band = blocks.k_tile_range(b, h, qt);
         const int64_t tiles = band.end - band.first;  // visited at most: the item's cost
@@ -124,6 +129,13 @@ void plan_tile_items(const Problem& p, const BlockMap& blocks, std::vector<Item>
         if (short_band && run_open && items.back().q_blocks < run_limit) {
           items.back().q_blocks += 1;
           items.back().cost += tiles;
+          continue;
+        }
+        if (!short_band && pair_open) {
+          items.back().q_blocks = 2;
+          items.back().paired = true;
+          items.back().cost += tiles;
+          pair_open = false;
           continue;
         }
         Item item;
@@ -134,6 +146,7 @@ void plan_tile_items(const Problem& p, const BlockMap& blocks, std::vector<Item>
         item.cost = tiles;
         items.push_back(item);
         run_open = short_band;
+        pair_open = pairing && !short_band;
       }
     }
   }
@@ -211,8 +224,26 @@ struct Partials {
 };
 
 void run_tile_item(const Context& context, const Item& item, const RowWriter& write,
-                   Scratch& scratch) {
+                   Scratch* scratch_pair, int64_t unit_bytes) {
   const Problem& p = *context.problem;
+  Scratch& scratch = scratch_pair[0];
+  if (item.paired) {
+    scratch_pair[1].reserve(p.head_dim, p.value_dim, unit_bytes);
+    Block blocks[2];
+    for (int n = 0; n < 2; ++n) {
+      blocks[n].b = item.b;
+      blocks[n].h = item.h;
+      blocks[n].q_first = item.q_first + n * kTileQ;
+      blocks[n].q_count = std::min(kTileQ, p.q_len - blocks[n].q_first);
+      blocks[n].k_end = item.k_end;
+    }
+    attend_block_pair(context, blocks, scratch_pair);
+    for (int n = 0; n < 2; ++n) {
+      write.block(item.b, item.h, blocks[n].q_first, blocks[n].q_count, scratch_pair[n].out,
+                  scratch_pair[n].lse);
+    }
+    return;
+  }
   for (int64_t n = 0; n < item.q_blocks; ++n) {
     Block block;
     block.b = item.b;
@@ -384,6 +415,14 @@ void merge_split_keys(const Problem& p, const std::vector<Item>& items,
 
 }  // namespace
 
+// Whether long-band blocks run two at a time (attend_block_pair): for units that keep no block
+// state outside the scratch, and while that leaves at least 64 items for the threads.
+bool pairs_blocks(const Problem& p, const Mode& mode, const BlockMap& blocks) {
+  if (mode.rows || mode.unit->end_block != nullptr || mode.unit->raw_scores != nullptr)
+    return false;
+  return p.batch * p.q_heads * blocks.q_tiles() >= 2 * 64;
+}
+
 void forward(const Problem& problem, const MutableTensorView& out, const MutableTensorView& lse,
              bool block_skipping) {
   if (problem.batch * problem.q_heads * problem.q_len == 0) return;
@@ -421,7 +460,7 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
   if (mode.rows) {
     plan_row_items(p, row_count, chunks, items);
   } else {
-    plan_tile_items(p, blocks, items);
+    plan_tile_items(p, blocks, pairs_blocks(p, mode, blocks), items);
   }
   const Partials partials{reused<float, Forward, 1>(), reused<float, Forward, 2>()};
   if (chunks > 1) {
@@ -440,12 +479,12 @@ void forward(const Problem& problem, const MutableTensorView& out, const Mutable
                                  ? mode.unit->thread_bytes(p.head_dim, p.value_dim)
                                  : 0;
   run_in_order(longest_first_within_groups(costs, groups), p.threads, [&](int64_t index) {
-    thread_local Scratch scratch;
-    scratch.reserve(p.head_dim, p.value_dim, unit_bytes);
+    thread_local Scratch scratch[2];
+    scratch[0].reserve(p.head_dim, p.value_dim, unit_bytes);
     if (mode.rows) {
-      run_row_item(context, items[index], rows, chunks > 1, write, partials, scratch);
+      run_row_item(context, items[index], rows, chunks > 1, write, partials, scratch[0]);
     } else {
-      run_tile_item(context, items[index], write, scratch);
+      run_tile_item(context, items[index], write, scratch, unit_bytes);
     }
   });
   if (chunks > 1) merge_split_keys(p, items, rows, chunks, partials, write);

@@ -106,6 +106,10 @@ void dropout_column_bits(const DropoutRule& rule, uint32_t bh, int64_t q0, int64
 // Tile kernel (queries across SIMD lanes): results in scratch.out [q_count][Dv] (normalised, 0 for
 // rows without keys) and scratch.lse [q_count].
 void attend_block(const Context& context, const Block& block, Scratch& scratch);
+// Two blocks of one (b, h) at once, each with its own scratch: each K and V tile read once for
+// both (long key bands); the same results as attend_block on each. Only for units without
+// end_block or raw_scores.
+void attend_block_pair(const Context& context, const Block* blocks, Scratch* scratch);
 
 // Row kernel (fused_rows.cc) for a few queries (D across SIMD lanes, memory-bound decoding): rows
 // are (head, query) pairs of one batch entry that share kv head g (row_count ≤ kMaxRows); same
