@@ -223,37 +223,37 @@ struct Partials {
   std::vector<float>& lse;
 };
 
+// Block n of a tile item.
+Block block_of(const Problem& p, const Item& item, int64_t n) {
+  Block block;
+  block.b = item.b;
+  block.h = item.h;
+  block.q_first = item.q_first + n * kTileQ;
+  block.q_count = std::min(kTileQ, p.q_len - block.q_first);
+  block.k_first = 0;
+  block.k_end = item.k_end;
+  return block;
+}
+
+// A tile item's blocks, one after another, or both at once when paired (scratch[1] then holds the
+// second block's state).
 void run_tile_item(const Context& context, const Item& item, const RowWriter& write,
-                   Scratch* scratch_pair, int64_t unit_bytes) {
+                   Scratch* scratch, int64_t unit_bytes) {
   const Problem& p = *context.problem;
-  Scratch& scratch = scratch_pair[0];
   if (item.paired) {
-    scratch_pair[1].reserve(p.head_dim, p.value_dim, unit_bytes);
-    Block blocks[2];
+    scratch[1].reserve(p.head_dim, p.value_dim, unit_bytes);
+    const Block blocks[2] = {block_of(p, item, 0), block_of(p, item, 1)};
+    attend_block_pair(context, blocks, scratch);
     for (int n = 0; n < 2; ++n) {
-      blocks[n].b = item.b;
-      blocks[n].h = item.h;
-      blocks[n].q_first = item.q_first + n * kTileQ;
-      blocks[n].q_count = std::min(kTileQ, p.q_len - blocks[n].q_first);
-      blocks[n].k_end = item.k_end;
-    }
-    attend_block_pair(context, blocks, scratch_pair);
-    for (int n = 0; n < 2; ++n) {
-      write.block(item.b, item.h, blocks[n].q_first, blocks[n].q_count, scratch_pair[n].out,
-                  scratch_pair[n].lse);
+      write.block(item.b, item.h, blocks[n].q_first, blocks[n].q_count, scratch[n].out,
+                  scratch[n].lse);
     }
     return;
   }
   for (int64_t n = 0; n < item.q_blocks; ++n) {
-    Block block;
-    block.b = item.b;
-    block.h = item.h;
-    block.q_first = item.q_first + n * kTileQ;
-    block.q_count = std::min(kTileQ, p.q_len - block.q_first);
-    block.k_first = 0;
-    block.k_end = item.k_end;
-    attend_block(context, block, scratch);
-    write.block(block.b, block.h, block.q_first, block.q_count, scratch.out, scratch.lse);
+    const Block block = block_of(p, item, n);
+    attend_block(context, block, scratch[0]);
+    write.block(block.b, block.h, block.q_first, block.q_count, scratch[0].out, scratch[0].lse);
   }
 }
 
@@ -413,15 +413,16 @@ void merge_split_keys(const Problem& p, const std::vector<Item>& items,
   }
 }
 
-}  // namespace
-
 // Whether long-band blocks run two at a time (attend_block_pair): for units that keep no block
 // state outside the scratch, and while that leaves at least 64 items for the threads.
 bool pairs_blocks(const Problem& p, const Mode& mode, const BlockMap& blocks) {
-  if (mode.rows || mode.unit->end_block != nullptr || mode.unit->raw_scores != nullptr)
+  if (mode.rows || mode.unit->end_block != nullptr || mode.unit->raw_scores != nullptr) {
     return false;
+  }
   return p.batch * p.q_heads * blocks.q_tiles() >= 2 * 64;
 }
+
+}  // namespace
 
 void forward(const Problem& problem, const MutableTensorView& out, const MutableTensorView& lse,
              bool block_skipping) {

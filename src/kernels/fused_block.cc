@@ -359,37 +359,63 @@ VisitedTile NextVisitedTile(const Context& c, const Block& blk, int64_t q_tile, 
   return {end, TileKind::empty};
 }
 
-// The tile kernel: the FlashAttention-2 loop of the essay above over the block's key tiles.
-void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
+// A block's walk over its key tiles: the next one to visit, and where they end.
+struct BlockWalk {
+  int64_t q_tile = 0, k_tile_end = 0;
+  VisitedTile next{0, TileKind::empty};
+  bool done() const { return next.k_tile >= k_tile_end; }
+};
+
+// Starts a block: its queries in the unit's layout, the softmax's start, O = 0, its first tile.
+BlockWalk BeginBlock(const Context& c, const Block& blk, Scratch& scratch) {
   const Problem& p = *c.problem;
-  const int64_t q_tile = blk.q_first / kTileQ;
-  const BlockMap::TileRange band = c.blocks->k_tile_range(blk.b, blk.h, q_tile);
-  const int64_t k_tile_end = std::min(band.end, (blk.k_end + kTileK - 1) / kTileK);
-  const ProductUnit& unit = *c.unit;
-  unit.begin_block(c, blk, scratch);
+  BlockWalk walk;
+  walk.q_tile = blk.q_first / kTileQ;
+  const BlockMap::TileRange band = c.blocks->k_tile_range(blk.b, blk.h, walk.q_tile);
+  walk.k_tile_end = std::min(band.end, (blk.k_end + kTileK - 1) / kTileK);
+  c.unit->begin_block(c, blk, scratch);
   SoftmaxStart(p, blk.h, blk.with_sink, scratch.row_max, scratch.row_sum, scratch.poisoned, kTileQ);
   std::memset(scratch.o, 0, p.value_dim * kTileQ * sizeof(float));
+  walk.next = NextVisitedTile(c, blk, walk.q_tile, std::max(band.first, blk.k_first / kTileK),
+                              walk.k_tile_end);
+  return walk;
+}
+
+// The walk's next tile, stepped past; a tile the walk then jumps to is prefetched.
+VisitedTile StepWalk(const Context& c, const Block& blk, BlockWalk& walk) {
+  const VisitedTile tile = walk.next;
+  walk.next = NextVisitedTile(c, blk, walk.q_tile, tile.k_tile + 1, walk.k_tile_end);
+  if (!walk.done() && walk.next.k_tile != tile.k_tile + 1) {
+    PrefetchKeyTile(c, blk, walk.next.k_tile);
+  }
+  return tile;
+}
+
+// Ends a block: the unit's block state released, the rows normalised into scratch.out/lse.
+void FinishBlock(const Context& c, const Block& blk, Scratch& scratch) {
+  if (c.unit->end_block != nullptr) c.unit->end_block();
+  Finalize(blk.q_count, c.problem->value_dim, c.problem->dropout.keep_scale_f32, scratch.o,
+           scratch.row_max, scratch.row_sum, scratch.poisoned, scratch.out, scratch.lse);
+}
+
+// The tile kernel: the FlashAttention-2 loop of the essay above over the block's key tiles.
+void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
+  const ProductUnit& unit = *c.unit;
+  BlockWalk walk = BeginBlock(c, blk, scratch);
   int64_t pending = -1;  // the fused path's key tile whose P·V is still to come
-  VisitedTile tile =
-      NextVisitedTile(c, blk, q_tile, std::max(band.first, blk.k_first / kTileK), k_tile_end);
-  while (tile.k_tile < k_tile_end) {
-    const int64_t k_tile = tile.k_tile;
-    const TileKind kind = tile.kind;
-    tile = NextVisitedTile(c, blk, q_tile, k_tile + 1, k_tile_end);
-    if (tile.k_tile < k_tile_end && tile.k_tile != k_tile + 1) PrefetchKeyTile(c, blk, tile.k_tile);
-    if (FusedPath(c, blk, k_tile, scratch)) {
-      FusedScoresAndWeights(c, blk, k_tile, kind, pending, scratch);
-      pending = k_tile;
+  while (!walk.done()) {
+    const VisitedTile tile = StepWalk(c, blk, walk);
+    if (FusedPath(c, blk, tile.k_tile, scratch)) {
+      FusedScoresAndWeights(c, blk, tile.k_tile, tile.kind, pending, scratch);
+      pending = tile.k_tile;
       continue;
     }
     if (pending >= 0) unit.accumulate_weights(c, blk, pending, scratch);
     pending = -1;
-    AttendTile(c, blk, k_tile, kind, scratch);
+    AttendTile(c, blk, tile.k_tile, tile.kind, scratch);
   }
   if (pending >= 0) unit.accumulate_weights(c, blk, pending, scratch);
-  if (unit.end_block != nullptr) unit.end_block();
-  Finalize(blk.q_count, p.value_dim, p.dropout.keep_scale_f32, scratch.o, scratch.row_max,
-           scratch.row_sum, scratch.poisoned, scratch.out, scratch.lse);
+  FinishBlock(c, blk, scratch);
 }
 
 // Two blocks of one head against the same key tiles, tile by tile: each K and V tile is read
@@ -399,38 +425,18 @@ void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
 // as AttendBlock for each. Units whose blocks hold state outside the scratch (end_block) or run
 // the software-pipelined path (raw_scores) are not paired (fused.cc).
 void AttendBlockPair(const Context& c, const Block* blk, Scratch* scratch) {
-  const Problem& p = *c.problem;
-  int64_t q_tile[2], k_tile_end[2];
-  VisitedTile tile[2];
-  for (int n = 0; n < 2; ++n) {
-    q_tile[n] = blk[n].q_first / kTileQ;
-    const BlockMap::TileRange band = c.blocks->k_tile_range(blk[n].b, blk[n].h, q_tile[n]);
-    k_tile_end[n] = std::min(band.end, (blk[n].k_end + kTileK - 1) / kTileK);
-    c.unit->begin_block(c, blk[n], scratch[n]);
-    SoftmaxStart(p, blk[n].h, blk[n].with_sink, scratch[n].row_max, scratch[n].row_sum,
-                 scratch[n].poisoned, kTileQ);
-    std::memset(scratch[n].o, 0, p.value_dim * kTileQ * sizeof(float));
-    tile[n] = NextVisitedTile(c, blk[n], q_tile[n], std::max(band.first, blk[n].k_first / kTileK),
-                              k_tile_end[n]);
-  }
-  while (tile[0].k_tile < k_tile_end[0] || tile[1].k_tile < k_tile_end[1]) {
-    const int64_t k_tile = std::min(tile[0].k_tile < k_tile_end[0] ? tile[0].k_tile : INT64_MAX,
-                                    tile[1].k_tile < k_tile_end[1] ? tile[1].k_tile : INT64_MAX);
+  BlockWalk walk[2] = {BeginBlock(c, blk[0], scratch[0]), BeginBlock(c, blk[1], scratch[1])};
+  while (!walk[0].done() || !walk[1].done()) {
+    // The lower of the two next tiles: both blocks run it when both visit it.
+    const int64_t k_tile = std::min(walk[0].done() ? INT64_MAX : walk[0].next.k_tile,
+                                    walk[1].done() ? INT64_MAX : walk[1].next.k_tile);
     for (int n = 0; n < 2; ++n) {
-      if (tile[n].k_tile != k_tile || k_tile >= k_tile_end[n]) continue;  // not, or no more
-      const TileKind kind = tile[n].kind;
-      tile[n] = NextVisitedTile(c, blk[n], q_tile[n], k_tile + 1, k_tile_end[n]);
-      if (tile[n].k_tile < k_tile_end[n] && tile[n].k_tile != k_tile + 1) {
-        PrefetchKeyTile(c, blk[n], tile[n].k_tile);
-      }
-      AttendTile(c, blk[n], k_tile, kind, scratch[n]);
+      if (walk[n].done() || walk[n].next.k_tile != k_tile) continue;
+      const VisitedTile tile = StepWalk(c, blk[n], walk[n]);
+      AttendTile(c, blk[n], tile.k_tile, tile.kind, scratch[n]);
     }
   }
-  for (int n = 0; n < 2; ++n) {
-    Finalize(blk[n].q_count, p.value_dim, p.dropout.keep_scale_f32, scratch[n].o,
-             scratch[n].row_max, scratch[n].row_sum, scratch[n].poisoned, scratch[n].out,
-             scratch[n].lse);
-  }
+  for (int n = 0; n < 2; ++n) FinishBlock(c, blk[n], scratch[n]);
 }
 
 // store_row over `rows` rows `row_stride` elements apart, from values `values_stride` apart: one

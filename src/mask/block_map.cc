@@ -499,11 +499,15 @@ bool BlockMap::global_queries_see_every_key(const ResolvedMask& mask) {
 }
 
 std::vector<int64_t> BlockMap::global_query_rows(const ResolvedMask& mask, int64_t b, int64_t h) {
+  std::vector<const component::GlobalTokens*> of_head;
+  for (const component::GlobalTokens* global : mask.globals_) {
+    if (global->heads.contains(h)) of_head.push_back(global);
+  }
   std::vector<int64_t> rows;
+  if (of_head.empty()) return rows;
   for (int64_t i = 0; i < mask.shape().q_len; ++i) {
-    for (const component::GlobalTokens* global : mask.globals_) {
-      if (global->heads.contains(h) &&
-          ResolvedMask::is_global(global->query_ids, b, i + mask.q_origin())) {
+    for (const component::GlobalTokens* global : of_head) {
+      if (ResolvedMask::is_global(global->query_ids, b, i + mask.q_origin())) {
         rows.push_back(i);
         break;
       }

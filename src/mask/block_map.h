@@ -21,8 +21,8 @@ class BlockMap {
   // `skipping` false classifies every block as partial (for tests: the same results must come
   // out with no block skipped and no mask work left out).
   // `global_queries_apart` classifies as if no query were a global token: a caller that computes
-  // the global rows apart (kernels/global_rows.h) keeps their blocks to their bands. Only for masks
-  // whose global queries see every key (global_queries_see_every_key).
+  // the global rows apart (GlobalRows in kernels/fused.cc) keeps their blocks to their bands. Only
+  // for masks whose global queries see every key (global_queries_see_every_key).
   BlockMap(const ResolvedMask& mask, int64_t tile_q, int64_t tile_k, bool skipping = true,
            bool global_queries_apart = false);
 
