@@ -56,9 +56,17 @@ def check_mask_mods_scale(mask, mods, scale=None):
         raise Error(f"mask must be a maskattn.Mask or None, got {type(mask).__name__}")
     if mods is not None and not isinstance(mods, _core.ScoreMods):
         raise Error(f"mods must be a maskattn.ScoreMods or None, got {type(mods).__name__}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+    return None if scale is None else checked_scale(scale)
+
+
+def checked_scale(scale) -> float:
+    """A scale that is not None, as the float the core takes (maskattn.torch checks its mask and
+    modifiers itself, and only the scale here)."""
+    if type(scale) is float:
+        return scale
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise Error(f"scale must be None (1/sqrt(D)) or a real number, got {scale!r}")
-    return None if scale is None else float(scale)
+    return float(scale)
 
 
 def input_views(arrays, names, dtype, layout):
@@ -175,13 +183,15 @@ def attention(
 
 def checked_attention(q, k, v, mask, mods, scale, dropout, *, layout="bhld", dtype=None,
                       threads=None, return_lse=False, out=None, kernel="auto", products="auto",
-                      check_finite=False, frame=None, count_sinks=True):
+                      check_finite=False, frame=None, count_sinks=True, torch_checked=False):
     """:func:`attention` once ``mask``, ``mods`` and ``scale`` are checked (check_mask_mods_scale)
     and ``dropout`` is a checked Dropout with its seed chosen: what maskattn.torch calls, which
-    has checked them itself. The rest is checked here, as attention checks it."""
+    has checked them itself (and with ``torch_checked``, that q, k and v are CPU tensors of one
+    dtype maskattn computes in). The rest is checked here, as attention checks it."""
     arrays = None
     if layout == "bhld" and dtype is None and out is None:
-        arrays = torch_call_arrays(q, k, v, return_lse)  # plain torch tensors, as capsules
+        # plain torch tensors, as capsules
+        arrays = torch_call_arrays(q, k, v, return_lse, torch_checked)
     if arrays is None:
         (qb, kb, vb), element = input_views((q, k, v), ("q", "k", "v"), dtype, layout)
         batch, heads, q_len, _ = rank4_shape(qb, "q", "[B,Hq,Lq,D]")
@@ -192,9 +202,10 @@ def checked_attention(q, k, v, mask, mods, scale, dropout, *, layout="bhld", dty
     else:
         qb, kb, vb, element, result, out_view, lse, lse_view = arrays
     _core.attention(
-        qb, kb, vb, out_view, mask, mods, lse_view, scale, threads_arg(threads), kernel, products,
-        check_finite, element, frame_values(frame), bool(count_sinks), dropout.p,
-        dropout.seed or 0, dropout.offset,
+        qb, kb, vb, out_view, mask, mods, lse_view, scale,
+        0 if threads is None else threads_arg(threads), kernel, products, check_finite, element,
+        None if frame is None else frame_values(frame), count_sinks is True or bool(count_sinks),
+        dropout.p, dropout.seed or 0, dropout.offset,
     )
     return (result, lse) if return_lse else result
 

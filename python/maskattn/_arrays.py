@@ -75,15 +75,18 @@ def core_view(x, name: str, element: str):
     if torch is not None and type(x) is torch.Tensor and x.is_cpu and not x.requires_grad:
         dtype = x.dtype  # the common torch case first, as torch_as_numpy would take it
         if dtype is torch.float32 or dtype is torch.float16:
-            return x.numpy(), element
-        return torch_as_numpy(x, element)
+            try:
+                return x.numpy(), element
+            except (RuntimeError, TypeError):  # a negative-bit view; a sparse or MKL-DNN layout
+                pass
+        return torch_as_numpy(strided_values(x, name), element)
     if is_torch(x):
         if not x.is_cpu:  # a meta tensor has no DLPack export at all
             raise Error(
                 f"{name} (shape {list(x.shape)}) is on device '{x.device}', not in CPU memory; "
                 "maskattn computes on the CPU: move it with .cpu()"
             )
-        return torch_as_numpy(x.detach() if x.requires_grad else x, element)
+        return torch_as_numpy(strided_values(x.detach() if x.requires_grad else x, name), element)
     if isinstance(x, np.ndarray):
         if x.dtype.name == "bfloat16":
             return x.view(np.uint16), "bf16"
@@ -93,6 +96,17 @@ def core_view(x, name: str, element: str):
     if hasattr(x, "__array_interface__") or hasattr(x, "__array__"):
         return np.asarray(x), element  # a view where the object allows it
     return np.asarray(x, dtype=np.float32), element  # nested lists, scalars: a copy
+
+
+def strided_values(x, name: str):
+    """A CPU tensor whose values NumPy can view: a negative-bit view (torch._neg_view, which
+    .numpy() refuses and a DLPack capsule describes un-negated) resolved into a copy, and a
+    tensor without strided storage (a sparse or MKL-DNN layout) refused by name (P96)."""
+    torch = sys.modules["torch"]
+    if x.layout is not torch.strided:
+        raise Error(f"{name} (shape {list(x.shape)}) has layout {x.layout}; maskattn reads "
+                    "strided tensors: convert it with .to_dense()")
+    return x.resolve_neg() if x.is_neg() else x
 
 
 def plain_views(arrays):
@@ -111,13 +125,16 @@ def plain_views(arrays):
             views.append(x)
         elif cls is tensor and x.is_cpu and not x.requires_grad and (
                 x.dtype is torch.float32 or x.dtype is torch.float16):
-            views.append(x.numpy())
+            try:
+                views.append(x.numpy())
+            except (RuntimeError, TypeError):  # a negative-bit view, a sparse layout: core_view
+                return None
         else:
             return None
     return views
 
 
-def torch_call_arrays(q, k, v, return_lse: bool):
+def torch_call_arrays(q, k, v, return_lse: bool, checked: bool = False):
     """What an attention call hands the binding when q, k and v are plain CPU torch.Tensors of 4
     axes — strided, with no negative bit, all of one dtype that maskattn computes in: (their
     DLPack capsules, the element tag, O (new, [B, Hq, Lq, Dv] in q's dtype), O's capsule, and with
@@ -131,7 +148,12 @@ def torch_call_arrays(q, k, v, return_lse: bool):
     .numpy() would — its data, sizes and strides, whether or not it requires grad (the core only
     reads the inputs) — except for a negative-bit view (torch._neg_view), whose capsule holds the
     values un-negated, so such tensors take core_view's path (and its error). The tag is
-    core_view's: "bf16" for bfloat16 (which the capsule describes itself)."""
+    core_view's: "bf16" for bfloat16 (which the capsule describes itself). A tensor without
+    strided storage (sparse, MKL-DNN) cannot be exported: that is how its layout is told apart.
+
+    ``checked``: the caller (maskattn.torch's check_tensors) has made sure that q, k and v are
+    CPU tensors of one dtype that maskattn computes in, so that is not tested again (six
+    attribute reads, a tenth of the Python layer's cost at Lk = 1)."""
     torch = sys.modules.get("torch")
     if torch is None or type(q) is not torch.Tensor:
         return None
@@ -142,20 +164,26 @@ def torch_call_arrays(q, k, v, return_lse: bool):
         element = "bf16"
     else:
         return None
-    tensor, strided = torch.Tensor, torch.strided
-    for x in (q, k, v):
-        if not (type(x) is tensor and x.is_cpu and x.dtype is dtype and x.layout is strided
-                and not x.is_neg()):
-            return None
+    tensor = torch.Tensor
+    if type(k) is not tensor or type(v) is not tensor:
+        return None
+    if not checked and not (q.is_cpu and k.is_cpu and v.is_cpu and k.dtype is dtype
+                            and v.dtype is dtype):
+        return None
+    if q.is_neg() or k.is_neg() or v.is_neg():
+        return None
     q_shape, v_shape = q.shape, v.shape
     if len(q_shape) != 4 or k.dim() != 4 or len(v_shape) != 4:
         return None
     export = torch.utils.dlpack.to_dlpack
+    try:
+        inputs = export(q), export(k), export(v)
+    except RuntimeError:  # no strided storage (a sparse or MKL-DNN layout): core_view names it
+        return None
     batch, heads, q_len = q_shape[0], q_shape[1], q_shape[2]
     out = torch.empty(batch, heads, q_len, v_shape[3], dtype=dtype)
     lse = torch.empty(batch, heads, q_len, dtype=torch.float32) if return_lse else None
-    return (export(q), export(k), export(v), element, out, export(out), lse,
-            None if lse is None else export(lse))
+    return (*inputs, element, out, export(out), lse, None if lse is None else export(lse))
 
 
 def torch_as_numpy(x, element: str):

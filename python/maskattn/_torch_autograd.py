@@ -149,16 +149,22 @@ def core_mods_of(mods):
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def check_tensors(named):
+def check_tensors(query, key, value):
     """query, key and value: CPU torch tensors of one dtype that maskattn computes in."""
+    # The common case in one test (is_cpu: device.type builds a torch.device each time);
+    # otherwise _name_what_is_wrong finds the first problem, in its order.
+    tensor = torch.Tensor
+    if isinstance(query, tensor) and isinstance(key, tensor) and isinstance(value, tensor):
+        dtype = query.dtype
+        if (key.dtype is dtype and value.dtype is dtype and dtype in COMPUTE_DTYPES
+                and query.is_cpu and key.is_cpu and value.is_cpu):
+            return
+    _name_what_is_wrong((("query", query), ("key", key), ("value", value)))
+
+
+def _name_what_is_wrong(named):
     first_name, first = named[0]
-    dtype = first.dtype if isinstance(first, torch.Tensor) else None
     for name, value in named:
-        # The common case in one test (is_cpu: device.type builds a torch.device each time);
-        # otherwise the checks below, in their order, name what is wrong.
-        if (isinstance(value, torch.Tensor) and value.is_cpu and value.dtype is dtype
-                and dtype in COMPUTE_DTYPES):
-            continue
         if not isinstance(value, torch.Tensor):
             raise Error(
                 f"{name} must be a torch.Tensor, got {type(value).__name__}; "
@@ -277,21 +283,14 @@ def mod_grad(grad, meta, needed):
 
 
 def _forward(query, key, value, call: Call, return_lse=True):
-    """maskattn.attention for a call whose mask, mods and dropout are checked (the scale is
-    checked here, where attention would check it)."""
-    scale = _api.check_mask_mods_scale(call.mask, call.mods, call.scale)
+    """maskattn.attention for a call whose mask, mods and dropout are checked, and its tensors
+    by check_tensors (the scale is checked here, where attention would check it)."""
+    scale = call.scale
+    if scale is not None:
+        scale = _api.checked_scale(scale)
     return _api.checked_attention(query, key, value, call.mask, call.mods, scale, call.dropout,
-                                  layout=call.layout, threads=call.threads, return_lse=return_lse)
-
-
-def _needs_autograd(query, key, value, bias, sinks, tables) -> bool:
-    if not torch.is_grad_enabled():
-        return False
-    if query.requires_grad or key.requires_grad or value.requires_grad:
-        return True
-    if bias is None and sinks is None and not tables:
-        return False
-    return any(t is not None and t.requires_grad for t in (bias, sinks, *tables))
+                                  layout=call.layout, threads=call.threads, return_lse=return_lse,
+                                  torch_checked=True)
 
 
 def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None, want_lse=True,
@@ -300,7 +299,10 @@ def attention_and_lse(query, key, value, call: Call, bias=None, sinks=None, want
     tensors whose float32 copies ``call.mods`` holds, ``tables`` the tensors its program reads
     (named by ``call.table_names``, in order). Without autograd and ``want_lse=False``, lse is
     None (not computing it saves an allocation: a few µs of a decoding step)."""
-    if _needs_autograd(query, key, value, bias, sinks, tables):
+    if torch.is_grad_enabled() and (
+            query.requires_grad or key.requires_grad or value.requires_grad
+            or ((bias is not None or sinks is not None or tables)
+                and any(t is not None and t.requires_grad for t in (bias, sinks, *tables)))):
         return _AttentionFunction.apply(query, key, value, bias, sinks, call, *tables)
     if want_lse:
         return _forward(query, key, value, call)
@@ -327,7 +329,7 @@ def attention(query, key, value, mask=None, mods=None, *, scale=None, layout="bh
         return _attention_outside_graph(query, key, value, mask, mods, scale=scale, layout=layout,
                                         threads=threads, dropout_p=dropout_p,
                                         dropout_seed=dropout_seed, dropout_offset=dropout_offset)
-    check_tensors((("query", query), ("key", key), ("value", value)))
+    check_tensors(query, key, value)
     check_mask(mask)
     core_mods, bias, sinks = core_mods_of(mods)
     names, tables = program_tables_of(mods)

@@ -227,18 +227,20 @@ def _our_block_mask(block_mask):
 
 
 def _check_flex_shapes(query, key, value, block_mask, enable_gqa):
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        if x.dim() != 4:
-            raise Error(f"flex_attention: {name} has shape {list(x.shape)}; expected 4 axes "
-                        f"[B, H, L, E]")
-    heads_q, heads_kv = query.shape[1], key.shape[1]
+    q_shape, k_shape = query.shape, key.shape  # each read makes a torch.Size: read once
+    if len(q_shape) != 4 or len(k_shape) != 4 or value.dim() != 4:
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if x.dim() != 4:
+                raise Error(f"flex_attention: {name} has shape {list(x.shape)}; expected 4 axes "
+                            f"[B, H, L, E]")
+    heads_q, heads_kv = q_shape[1], k_shape[1]
     if not enable_gqa and heads_q != heads_kv:
         raise Error(f"flex_attention: query has {heads_q} heads but key has {heads_kv}; set "
                     f"enable_gqa=True for grouped-query attention")
     if not isinstance(block_mask, BlockMask):
         return
     batch, heads, q_len, kv_len = block_mask.shape
-    want = (query.shape[0], heads_q, query.shape[2], key.shape[2])
+    want = (q_shape[0], heads_q, q_shape[2], k_shape[2])
     if (batch not in (1, want[0]) or heads not in (1, want[1]) or q_len != want[2]
             or kv_len != want[3]):
         raise Error(f"flex_attention: block_mask shape {list(block_mask.shape)} does not fit "
@@ -289,7 +291,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if torch.compiler.is_compiling():  # a graph break: this call again, eager, outside the graph
         return _flex_outside_graph(query, key, value, score_mod, block_mask, scale, enable_gqa,
                                    return_lse, kernel_options, return_aux=return_aux, mods=mods)
-    check_tensors((("query", query), ("key", key), ("value", value)))
+    check_tensors(query, key, value)
     block_mask = _our_block_mask(block_mask)
     _check_flex_shapes(query, key, value, block_mask, enable_gqa)
     want_lse = _lse_request(return_lse, return_aux)

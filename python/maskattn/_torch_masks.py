@@ -11,10 +11,10 @@ call (_torch_sdpa) and the custom ops that torch.compile traces (_torch_compile)
 
 Converting an L×S mask copies it into the C++ Mask, and the Mask then caches which tiles it
 hides. Repeated calls with the same mask tensor (every layer of a model, every step of a loop)
-reuse the converted Mask from a small LRU keyed by (data_ptr, shape, stride, dtype, _version) and
-checked against a weak reference to the tensor itself, so a new tensor that happens to reuse a
-freed one's memory is never mistaken for it, and an in-place change (which bumps _version) is
-seen.
+reuse the converted Mask from a small LRU keyed by the tensor's id and checked against a weak
+reference to the tensor itself and its (data_ptr, shape, stride, dtype, _version), so a new tensor
+that happens to reuse a freed one's id or memory is never mistaken for it, and an in-place change
+(which bumps _version) is seen.
 """
 
 from __future__ import annotations
@@ -36,40 +36,51 @@ __all__ = ["ConvertedMasks", "check_causal_alignment", "converted_masks", "core_
 
 
 class ConvertedMasks:
-    """A small, thread-safe LRU: attn_mask tensor → the maskattn.Mask made from it."""
+    """A small, thread-safe LRU: attn_mask tensor → the maskattn.Mask made from it.
+
+    An entry is found by (id(tensor), folding context) and then checked: its weak reference must
+    still be that very tensor, and the tensor's state (data_ptr, shape, stride, dtype, _version)
+    the one it was converted in. A hit on the newest entry (one mask for every layer of a model)
+    changes nothing, so it takes no lock: a decoding step's lookup is a dict read and a compare."""
 
     def __init__(self, capacity: int = 8):
         self._capacity = capacity
-        self._entries: OrderedDict = OrderedDict()  # key → (weakref to the tensor, Mask)
+        self._entries: OrderedDict = OrderedDict()  # key → (weakref to the tensor, state, Mask)
         self._lock = threading.RLock()  # re-entrant: a weakref callback may run inside a lookup
+        self._newest = None  # the key last converted or moved to the end
         self.conversions = 0  # how many masks were converted (tests read it)
 
     @staticmethod
-    def _key(tensor: torch.Tensor, context):
+    def _state(tensor: torch.Tensor):
         try:
             version = tensor._version  # inference-mode tensors have no version counter
         except RuntimeError:
             return None
-        # shape (a torch.Size) hashes and compares as the tuple it is; stride() is a tuple.
-        return (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, version, context)
+        # shape (a torch.Size) compares as the tuple it is; stride() is a tuple.
+        return (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, version)
 
     def get(self, tensor: torch.Tensor, context, convert):
         """The Mask for ``tensor`` (in the folding ``context``), converting it on a miss."""
-        key = self._key(tensor, context)
-        if key is not None:
-            with self._lock:
-                entry = self._entries.get(key)
-                if entry is not None and entry[0]() is tensor:
-                    self._entries.move_to_end(key)
-                    return entry[1]
+        state = self._state(tensor)
+        key = (id(tensor), context)
+        if state is not None:
+            entry = self._entries.get(key)  # one dict read: atomic, no lock needed
+            if entry is not None and entry[0]() is tensor and entry[1] == state:
+                if key != self._newest:
+                    with self._lock:
+                        if key in self._entries:
+                            self._entries.move_to_end(key)
+                            self._newest = key
+                return entry[2]
         mask = convert()
         with self._lock:
             self.conversions += 1
-            if key is None:
+            if state is None:
                 return mask
             ref = weakref.ref(tensor, lambda dead, key=key: self._forget(key, dead))
-            self._entries[key] = (ref, mask)
+            self._entries[key] = (ref, state, mask)
             self._entries.move_to_end(key)
+            self._newest = key
             while len(self._entries) > self._capacity:
                 self._entries.popitem(last=False)
         return mask
@@ -83,6 +94,7 @@ class ConvertedMasks:
     def clear(self):
         with self._lock:
             self._entries.clear()
+            self._newest = None
 
     def __len__(self):
         return len(self._entries)
@@ -114,7 +126,7 @@ def split_attn_mask(attn_mask):
     """(mask tensor, bias tensor) for a folded attn_mask (either or both None): a float mask
     that requires grad, with grad enabled, is a bias (it receives ∂L/∂mask); a bool mask (keep)
     or any other float mask (additive) stays a mask."""
-    if (attn_mask is not None and attn_mask.dtype != torch.bool and attn_mask.requires_grad
+    if (attn_mask is not None and attn_mask.dtype is not torch.bool and attn_mask.requires_grad
             and torch.is_grad_enabled()):
         return None, attn_mask
     return attn_mask, None

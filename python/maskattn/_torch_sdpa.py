@@ -78,14 +78,14 @@ def _fold(x, batch):
 
 
 def fold_inputs(query, key, value, enable_gqa: bool):
-    """query, key, value as [B, H, L, E] tensors, the batch axes, and the output's shape (None
-    when it is already the folded one)."""
+    """query, key, value as [B, H, L, E] tensors, the batch axes, the output's shape (None when
+    it is already the folded one) and (H, L, S) of the folded problem."""
     q_shape, k_shape, v_shape = query.shape, key.shape, value.shape  # each read makes a Size
     if len(q_shape) == 4 and len(k_shape) == 4 and len(v_shape) == 4:  # the common case, quickly
         batch, heads_q, heads_k = q_shape[0], q_shape[1], k_shape[1]
         if (k_shape[0] == batch and v_shape[0] == batch and v_shape[1] == heads_k
                 and (heads_q == heads_k or heads_k == 1 or enable_gqa)):
-            return query, key, value, (batch,), None
+            return query, key, value, (batch,), None, (heads_q, q_shape[2], k_shape[2])
     for name, x in (("query", query), ("key", key), ("value", value)):
         if x.dim() < 2:
             raise Error(f"{name} has shape {_shape(x)}; expected (..., L, E) with at least 2 axes")
@@ -110,7 +110,7 @@ def fold_inputs(query, key, value, enable_gqa: bool):
     q4, k4, v4 = (_fold(x, batch) for x in (q, k, v))
     heads, q_len = q4.shape[1], q4.shape[2]
     out_shape = (*batch, heads, q_len, v4.shape[3]) if rank >= 3 else (q_len, v4.shape[3])
-    return q4, k4, v4, batch, out_shape
+    return q4, k4, v4, batch, out_shape, (heads, q_len, k4.shape[2])
 
 
 def fold_attn_mask(attn_mask, batch, heads: int, q_len: int, k_len: int):
@@ -139,7 +139,8 @@ def fold_attn_mask(attn_mask, batch, heads: int, q_len: int, k_len: int):
 
 
 def check_sdpa_arguments(attn_mask, dropout_p, is_causal):
-    checked_dropout(dropout_p, None, 0)
+    if type(dropout_p) is not float or dropout_p != 0.0:  # (the default needs no check)
+        checked_dropout(dropout_p, None, 0)
     if attn_mask is None:
         return
     if is_causal:
@@ -149,7 +150,8 @@ def check_sdpa_arguments(attn_mask, dropout_p, is_causal):
         )
     if not isinstance(attn_mask, torch.Tensor):
         raise Error(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-    if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
+    dtype = attn_mask.dtype
+    if dtype is not torch.bool and not dtype.is_floating_point:
         raise Error(
             f"attn_mask has dtype {attn_mask.dtype} (shape {_shape(attn_mask)}); expected "
             f"torch.bool (True = attend) or a floating dtype (added to the scores)"
@@ -157,18 +159,25 @@ def check_sdpa_arguments(attn_mask, dropout_p, is_causal):
 
 
 def _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask=None,
-                     batch=None, dropout_p=0.0):
+                     context=None, dropout_p=0.0):
     """The maskattn call for folded tensors, with the attn_mask converted (and cached under the
-    caller's tensor ``attn_mask`` folded for ``batch``, or under ``folded`` itself) and, with
-    dropout, a seed drawn from PyTorch's generator."""
-    mask_tensor, bias = split_attn_mask(folded)
-    cached_as = folded if attn_mask is None else attn_mask
-    context = None if mask_tensor is None else (batch, q4.shape, k4.shape[2])
-    call_mask = core_mask(mask, is_causal, mask_tensor, cached_as, context)
+    caller's tensor ``attn_mask`` folded as ``context`` says — (batch axes, H, L, S) —, or under
+    ``folded`` itself) and, with dropout, a seed drawn from PyTorch's generator."""
+    mask_tensor, bias = (None, None) if folded is None else split_attn_mask(folded)
+    if mask_tensor is None:
+        call_mask = core_mask(mask, is_causal, None, None, None)
+    else:
+        cached_as = folded if attn_mask is None else attn_mask
+        if context is None:
+            context = (None, q4.shape[1], q4.shape[2], k4.shape[2])
+        call_mask = core_mask(mask, is_causal, mask_tensor, cached_as, context)
     if bias is not None:
         mods = mods_with_bias(mods, bias)
-    core_mods, bias, sinks = core_mods_of(mods)
-    names, tables = program_tables_of(mods)
+    core_mods = sinks = None
+    names, tables = (), ()
+    if mods is not None:
+        core_mods, bias, sinks = core_mods_of(mods)
+        names, tables = program_tables_of(mods)
     dropout = NO_DROPOUT if dropout_p == 0 else Dropout(float(dropout_p), torch_seed(), 0)
     call = Call(call_mask, core_mods, scale, "bhld", None, names, dropout)
     out, _ = attention_and_lse(q4, k4, v4, call, bias, sinks, want_lse=False, tables=tables)
@@ -191,12 +200,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     :class:`maskattn.Mask`, intersected with the other masks: structured masks with no L×S
     tensor) and ``mods=`` (score modifiers).
     """
-    check_tensors((("query", query), ("key", key), ("value", value)))
-    check_mask(mask)
-    check_sdpa_arguments(attn_mask, dropout_p, is_causal)
-    q4, k4, v4, batch, out_shape = fold_inputs(query, key, value, enable_gqa)
-    q_shape = q4.shape
-    heads, q_len, k_len = q_shape[1], q_shape[2], k4.shape[2]
+    check_tensors(query, key, value)
+    if mask is not None:
+        check_mask(mask)
+    if attn_mask is not None or type(dropout_p) is not float or dropout_p != 0.0:
+        check_sdpa_arguments(attn_mask, dropout_p, is_causal)  # (the defaults need no check)
+    q4, k4, v4, batch, out_shape, (heads, q_len, k_len) = fold_inputs(query, key, value,
+                                                                        enable_gqa)
     if is_causal:
         check_causal_alignment(mask, q_len, k_len)
     folded = None
@@ -206,6 +216,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         out = compiled_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, dropout_p,
                                  _eager_attention_outside_graph)
     else:
-        out = _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask, batch,
-                               dropout_p)
+        out = _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask,
+                               (batch, heads, q_len, k_len), dropout_p)
     return out if out_shape is None else out.reshape(out_shape)

@@ -100,7 +100,7 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     [total_q, Hq, Dv] (and lse [Hq, total_q] with ``return_lse``). Dropout as in
     :func:`maskattn.torch.attention`.
     """
-    check_tensors((("query", query), ("key", key), ("value", value)))
+    check_tensors(query, key, value)
     check_mask(mask)
     core_mods, bias, sinks = core_mods_of(mods)
     names, tables = program_tables_of(mods)

@@ -97,6 +97,23 @@ def test_P02_array_not_in_cpu_memory():
                         False, "")
 
 
+def test_P96_tensor_without_strided_storage():
+    """Sparse and MKL-DNN tensors have no strides to read: refused by name in every torch path
+    (the capsule path, the NumPy-view path, autograd), never torch's own TypeError."""
+    import maskattn.torch as mt
+
+    dense = torch.from_numpy(Q)
+    for layout, tensor in (("torch.sparse_coo", dense.to_sparse()),
+                           ("torch._mkldnn", dense.to_mkldnn())):
+        message = rf"k \(shape \[1, 2, 3, 4\]\) has layout {layout}; .*\.to_dense\(\)"
+        for call in (ma.attention, mt.attention, mt.scaled_dot_product_attention,
+                     mt.flex_attention):
+            with raises(message):
+                call(dense, tensor, dense)
+        with raises(message):
+            mt.attention(dense.clone().requires_grad_(), tensor, dense)
+
+
 def test_P03_attention_tensors_not_rank_4():
     with raises(r"^q has shape \[2, 3, 4\]; expected \[B,Hq,Lq,D\]"):
         ma.attention(Q[0], Q, Q)

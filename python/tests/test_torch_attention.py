@@ -248,3 +248,25 @@ def test_no_nanobind_leak_report_when_a_graph_outlives_the_script():
                             env=dict(os.environ), timeout=120)
     assert result.returncode == 0, result.stderr
     assert "leaked" not in result.stderr, result.stderr
+
+
+def test_inputs_a_capsule_cannot_describe_are_read_by_value():
+    """A negative-bit view (whose DLPack capsule holds the values un-negated, and which .numpy()
+    refuses) and a Parameter (a subclass) take the checked path and give the results of their
+    plain values, bit for bit, through every entry point, with and without autograd."""
+    q, k, v = randn((B, H, 5, D), 1), randn((B, H, 6, D), 2), randn((B, H, 6, D), 3)
+    calls = {"maskattn.attention": maskattn.attention, "attention": mt.attention,
+             "sdpa": mt.scaled_dot_product_attention, "flex": mt.flex_attention}
+    for name, call in calls.items():
+        expected = call(-q, k, -v)
+        negated = call(torch._neg_view(q), k, torch._neg_view(v))
+        assert torch.equal(negated, expected), name
+        parameters = [torch.nn.Parameter(x.clone(), requires_grad=False) for x in (q, k, v)]
+        assert torch.equal(call(*parameters), call(q, k, v)), name
+    leaf = k.clone().requires_grad_()
+    out = mt.attention(torch._neg_view(q), leaf, v)
+    out.sum().backward()
+    plain_leaf = k.clone().requires_grad_()
+    plain = mt.attention(-q, plain_leaf, v)
+    plain.sum().backward()
+    assert torch.equal(out, plain) and torch.equal(leaf.grad, plain_leaf.grad)

@@ -287,6 +287,34 @@ def test_attn_mask_conversion_is_cached():
     assert torch.equal(changed[:, :, :3], first[:, :, :3])
 
 
+def test_one_mask_tensor_in_two_problems_is_cached_for_each():
+    """A padding mask [B, 1, 1, S] shared by a self-attention (L = S) and a one-query decoding
+    call: each problem keeps its own entry (no reconversion when the calls alternate), and a
+    resize in place (same tensor, new shape) is seen."""
+    S = 12
+    q, k, v = qkv(S, S)
+    keep = torch.ones(2, 1, 1, S, dtype=torch.bool)
+    keep[1, ..., 9:] = False
+    converted_masks.clear()
+    before = converted_masks.conversions
+    rounds = []
+    for _ in range(3):
+        full = mt.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        last = mt.scaled_dot_product_attention(q[:, :, -1:], k, v, attn_mask=keep)
+        rounds.append((full, last))
+    assert converted_masks.conversions == before + 2 and len(converted_masks) == 2
+    for full, last in rounds:
+        expected = math_sdpa(q.double(), k.double(), v.double(), attn_mask=keep)
+        assert (full.double() - expected).abs().max() < 1e-5
+        assert torch.equal(last, rounds[0][1])
+    keep.resize_(2, 1, 1, 1)  # same tensor, storage and problem, a new shape: converted again
+    assert keep.all()  # (the storage's first two elements)
+    broadcast = mt.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    assert converted_masks.conversions == before + 3
+    expected = math_sdpa(q.double(), k.double(), v.double())
+    assert (broadcast.double() - expected).abs().max() < 1e-5
+
+
 def test_cache_never_confuses_a_new_tensor_with_a_dead_one():
     """Same shape, same dtype, maybe the same memory and _version 0: still converted anew."""
     L = 16
