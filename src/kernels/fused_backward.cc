@@ -113,8 +113,10 @@ void require_backward_memory(const Problem& p, const TensorView& out, const Tens
       4.0 * T * (3.0 * p.head_dim + 3.0 * p.value_dim + 4 * T + 16) * thread_count(p) +
       8.0 * (thread_count(p) + 2) * table_gradient_elements(grads) +
       (unit.backward_call_bytes != nullptr ? unit.backward_call_bytes(p) : 0.0);
-  require_memory(bytes, "attention_backward (fused kernel) for q " + p.q.shape_string() + ", k " +
-                            p.k.shape_string());
+  if (bytes > static_cast<double>(memory_limit())) {  // the message's strings only when raised
+    require_memory(bytes, "attention_backward (fused kernel) for q " + p.q.shape_string() + ", k " +
+                              p.k.shape_string());
+  }
 }
 
 // Per row: the LSE (contiguous) and D_i = Σ_e dO_ie·O_ie; per query tile: whether Q and dO are
