@@ -21,11 +21,13 @@ namespace maskattn {
 
 namespace {
 
+using detail::finish_as;
 using detail::heads_view;
 using detail::linear;
 using detail::LinearGradients;
 using detail::load_as_f32;
 using detail::mutable_heads_view;
+using detail::projection_target;
 using detail::Rows;
 using detail::rows_as_f32;
 using detail::store_as;
@@ -37,8 +39,9 @@ struct LayerScratch {
   std::vector<float>& query_rows = detail::reused<float, LayerScratch, 0>();
   std::vector<float>& key_rows = detail::reused<float, LayerScratch, 1>();
   std::vector<float>& value_rows = detail::reused<float, LayerScratch, 2>();
-  // The f32 projections [B·L, H·D]. Once Q and K are stored in the compute dtype these two are
-  // free: heads_f32 and out_rows below reuse them instead of holding more memory.
+  // The f32 projections [B·L, H·D] when the compute dtype is not f32 (in f32 they are written
+  // straight into the *_bytes buffers below). Once Q and K are stored in the compute dtype these
+  // two are free: heads_f32 and out_rows below reuse them instead of holding more memory.
   std::vector<float>& q = detail::reused<float, LayerScratch, 3>();
   std::vector<float>& k = detail::reused<float, LayerScratch, 4>();
   std::vector<float>& v = detail::reused<float, LayerScratch, 5>();
@@ -114,18 +117,16 @@ void MultiHeadAttention::forward(const TensorView& query, const TensorView& key,
   const float* xq = rows_as_f32(query, scratch.query_rows);
   const float* xk = rows_as_f32(key, scratch.key_rows);
   const float* xv = rows_as_f32(value, scratch.value_rows);
-  scratch.q.resize(q_count);
-  scratch.k.resize(k_count);
-  scratch.v.resize(v_count);
   linear(xq, batch * q_len, query_dim(), {w.q_weight, q_weight_t_, w.q_bias}, heads_ * head_dim_,
-         scratch.q.data(), threads, Rows::batched);
+         projection_target(dtype, q_count, scratch.q, scratch.q_bytes), threads, Rows::batched);
   linear(xk, batch * k_len, key_dim(), {w.k_weight, k_weight_t_, w.k_bias}, kv_heads_ * head_dim_,
-         scratch.k.data(), threads, Rows::batched);
+         projection_target(dtype, k_count, scratch.k, scratch.k_bytes), threads, Rows::batched);
   linear(xv, batch * k_len, value_dim(), {w.v_weight, v_weight_t_, w.v_bias},
-         kv_heads_ * head_value_dim_, scratch.v.data(), threads, Rows::batched);
-  store_as(dtype, scratch.q.data(), q_count, scratch.q_bytes);
-  store_as(dtype, scratch.k.data(), k_count, scratch.k_bytes);
-  store_as(dtype, scratch.v.data(), v_count, scratch.v_bytes);
+         kv_heads_ * head_value_dim_, projection_target(dtype, v_count, scratch.v, scratch.v_bytes),
+         threads, Rows::batched);
+  finish_as(dtype, scratch.q, q_count, scratch.q_bytes);
+  finish_as(dtype, scratch.k, k_count, scratch.k_bytes);
+  finish_as(dtype, scratch.v, v_count, scratch.v_bytes);
   scratch.heads_bytes.resize(static_cast<size_t>(o_count) * dtype_size(dtype));
 
   MutableTensorView lse;
@@ -153,10 +154,12 @@ void MultiHeadAttention::forward(const TensorView& query, const TensorView& key,
     saved->query.assign(xq, xq + batch * q_len * query_dim());
     saved->key.assign(xk, xk + batch * k_len * key_dim());
     saved->value.assign(xv, xv + batch * k_len * value_dim());
-    saved->q = scratch.q_bytes;
-    saved->k = scratch.k_bytes;
-    saved->v = scratch.v_bytes;
-    saved->heads = scratch.heads_bytes;
+    // Exchanged, not copied: the scratch takes the activations' old buffers, whose contents
+    // the next call overwrites (a training step's 4 copies of [B·L, H·D] saved, serially).
+    saved->q.swap(scratch.q_bytes);
+    saved->k.swap(scratch.k_bytes);
+    saved->v.swap(scratch.v_bytes);
+    saved->heads.swap(scratch.heads_bytes);
   }
 }
 

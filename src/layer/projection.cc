@@ -94,6 +94,21 @@ void store_as(DType dtype, const float* values, int64_t count, std::vector<uint8
   for (int64_t n = 0; n < count; ++n) store_float(to, n, values[n]);
 }
 
+float* projection_target(DType dtype, int64_t count, std::vector<float>& f32,
+                         std::vector<uint8_t>& bytes) {
+  if (dtype == DType::f32) {
+    bytes.resize(static_cast<size_t>(count) * sizeof(float));  // operator new: float-aligned
+    return reinterpret_cast<float*>(bytes.data());
+  }
+  f32.resize(static_cast<size_t>(count));
+  return f32.data();
+}
+
+void finish_as(DType dtype, const std::vector<float>& f32, int64_t count,
+               std::vector<uint8_t>& bytes) {
+  if (dtype != DType::f32) store_as(dtype, f32.data(), count, bytes);
+}
+
 const float* load_as_f32(DType dtype, const std::vector<uint8_t>& bytes, int64_t count,
                          std::vector<float>& buffer) {
   if (dtype == DType::f32) return reinterpret_cast<const float*>(bytes.data());

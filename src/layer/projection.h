@@ -30,6 +30,14 @@ const float* rows_as_f32(const TensorView& x, std::vector<float>& buffer);
 // f32 values rounded into `dtype` bytes (a plain copy for f32).
 void store_as(DType dtype, const float* values, int64_t count, std::vector<uint8_t>& bytes);
 
+// Where a projection of `count` values writes its f32 results so that they end in `bytes` in
+// `dtype`: for f32, `bytes` itself (resized; nothing to round, so no copy); otherwise `f32`, which
+// finish_as then rounds into `bytes`.
+float* projection_target(DType dtype, int64_t count, std::vector<float>& f32,
+                         std::vector<uint8_t>& bytes);
+void finish_as(DType dtype, const std::vector<float>& f32, int64_t count,
+               std::vector<uint8_t>& bytes);
+
 // `dtype` bytes as f32 (in `buffer`, or in place for f32).
 const float* load_as_f32(DType dtype, const std::vector<uint8_t>& bytes, int64_t count,
                          std::vector<float>& buffer);
