@@ -56,6 +56,26 @@ struct LayerScratch {
   std::vector<float>& out_rows = k;
 };
 
+// The calling thread's buffers for backward(), kept across calls like LayerScratch's: the
+// gradients' rows in the compute dtype, which attention_backward overwrites whole (fresh vectors
+// were zero-filled and page-faulted on every training step), and their f32 forms.
+struct BackwardScratch {
+  std::vector<float>& dout_rows = detail::reused<float, BackwardScratch, 0>();
+  std::vector<float>& heads_f32 = detail::reused<float, BackwardScratch, 1>();
+  std::vector<float>& dq_f32 = detail::reused<float, BackwardScratch, 2>();
+  std::vector<float>& dk_f32 = detail::reused<float, BackwardScratch, 3>();
+  std::vector<float>& dv_f32 = detail::reused<float, BackwardScratch, 4>();
+  std::vector<uint8_t>& dheads = detail::reused<uint8_t, BackwardScratch, 0>();
+  std::vector<uint8_t>& dq = detail::reused<uint8_t, BackwardScratch, 1>();
+  std::vector<uint8_t>& dk = detail::reused<uint8_t, BackwardScratch, 2>();
+  std::vector<uint8_t>& dv = detail::reused<uint8_t, BackwardScratch, 3>();
+
+  static std::vector<uint8_t>& sized(std::vector<uint8_t>& buffer, size_t bytes) {
+    buffer.resize(bytes);  // not cleared: what it held is overwritten
+    return buffer;
+  }
+};
+
 // A [B, L, width] input of the layer.
 void require_tokens(const TensorView& x, const char* name, int64_t width, const char* weight,
                     const Dims& weight_shape) {
@@ -254,15 +274,17 @@ LayerGradients MultiHeadAttention::backward(const LayerActivations& saved, const
   }
   const int threads = options.attention.threads;
   const bool bias = has_bias();
-  std::vector<float> buffer;
-  const float* dy = rows_as_f32(dout, buffer);
+  BackwardScratch scratch;
+  const float* dy = rows_as_f32(dout, scratch.dout_rows);
 
   // Output projection, then the heads' gradient in the compute dtype.
-  std::vector<float> heads_buffer;
-  const float* heads = load_as_f32(dtype, saved.heads, q_rows * o_width, heads_buffer);
+  const float* heads = load_as_f32(dtype, saved.heads, q_rows * o_width, scratch.heads_f32);
   LinearGradients out_grads = detail::linear_backward(
       heads, dy, q_rows, o_width, embed_dim_, w.out_weight, bias, {batch, q_len, o_width}, threads);
-  std::vector<uint8_t> dheads, dq(saved.q.size()), dk(saved.k.size()), dv(saved.v.size());
+  std::vector<uint8_t>& dheads = scratch.dheads;
+  std::vector<uint8_t>& dq = scratch.sized(scratch.dq, saved.q.size());
+  std::vector<uint8_t>& dk = scratch.sized(scratch.dk, saved.k.size());
+  std::vector<uint8_t>& dv = scratch.sized(scratch.dv, saved.v.size());
   store_as(dtype, out_grads.dx.data(), q_rows * o_width, dheads);
 
   Gradients grads;
@@ -278,16 +300,15 @@ LayerGradients MultiHeadAttention::backward(const LayerActivations& saved, const
                      mask, mods, options.attention);
 
   // The input projections.
-  std::vector<float> dq_f32, dk_f32, dv_f32;
   LinearGradients q_grads = detail::linear_backward(
-      saved.query.data(), load_as_f32(dtype, dq, q_rows * q_width, dq_f32), q_rows, query_dim(),
-      q_width, w.q_weight, bias, {batch, q_len, query_dim()}, threads);
+      saved.query.data(), load_as_f32(dtype, dq, q_rows * q_width, scratch.dq_f32), q_rows,
+      query_dim(), q_width, w.q_weight, bias, {batch, q_len, query_dim()}, threads);
   LinearGradients k_grads = detail::linear_backward(
-      saved.key.data(), load_as_f32(dtype, dk, k_rows * k_width, dk_f32), k_rows, key_dim(),
+      saved.key.data(), load_as_f32(dtype, dk, k_rows * k_width, scratch.dk_f32), k_rows, key_dim(),
       k_width, w.k_weight, bias, {batch, k_len, key_dim()}, threads);
   LinearGradients v_grads = detail::linear_backward(
-      saved.value.data(), load_as_f32(dtype, dv, k_rows * v_width, dv_f32), k_rows, value_dim(),
-      v_width, w.v_weight, bias, {batch, k_len, value_dim()}, threads);
+      saved.value.data(), load_as_f32(dtype, dv, k_rows * v_width, scratch.dv_f32), k_rows,
+      value_dim(), v_width, w.v_weight, bias, {batch, k_len, value_dim()}, threads);
 
   LayerGradients result;
   result.dquery = std::move(q_grads.dx);
