@@ -464,36 +464,45 @@ TEST(MultiHeadAttentionBackward, CrossAttentionMatchesFiniteDifferences) {
 }
 
 // forward() hands its Q, K, V and heads' outputs to the activations by exchanging buffers with
-// the calling thread's scratch: the activations of one call must survive later calls (with other
-// activations, or none) bit for bit, in f32 (projected in place) and bf16 (rounded from f32).
-TEST(MultiHeadAttentionBackward, ActivationsSurviveLaterForwardsBitwise) {
-  const auto layer = MultiHeadAttention::random(8, 2, 2, 81);
-  const Sizes s = self_sizes(2, 5, 8, 2, 2);
+// the calling thread's scratch, and backward() reuses the thread's gradient buffers unzeroed: the
+// activations of one call must survive later calls (with other activations, or none), and a
+// backward must not depend on what an earlier one left behind, bit for bit. In f32 (projected in
+// place, also right after a bf16 call left bf16 bytes in those buffers) and bf16; with and
+// without biases; GQA, with rows that see no key and key tiles that no query sees.
+TEST(MultiHeadAttentionBackward, ActivationsAndScratchSurviveOtherCallsBitwise) {
+  const Sizes s = self_sizes(2, 70, 8, 4, 2);
   const Inputs first = random_inputs(s, 82, true), second = random_inputs(s, 83, true);
   const std::vector<float> dout = random_values(s.B * s.Lq * s.E, 84);
-  const TensorView dy(dout.data(), {s.B, s.Lq, s.E});
-  const Mask mask = Mask().causal();
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    LayerOptions options;
-    options.dtype = dtype;
-    LayerActivations alone;
-    run_forward(layer, first, mask, options, &alone);
-    const LayerGradients expected = layer.backward(alone, dy, mask, {}, options);
-    LayerActivations kept, other;
-    run_forward(layer, first, mask, options, &kept);
-    run_forward(layer, second, mask, options, &other);
-    run_forward(layer, second, mask, options);
-    run_forward(layer, first, mask, options, &other);  // `other` again: its buffers exchanged
-    const LayerGradients grads = layer.backward(kept, dy, mask, {}, options);
-    const std::string where = dtype_name(dtype);
-    EXPECT_EQ(kept.q, alone.q) << where;
-    EXPECT_EQ(kept.heads, alone.heads) << where;
-    for (const Field& field : kFields) {
-      const std::vector<float>& a = field.gradient(grads).values();
-      const std::vector<float>& b = field.gradient(expected).values();
-      ASSERT_EQ(a.size(), b.size()) << where << " d" << field.name;
-      EXPECT_TRUE(bitwise_equal(a.data(), b.data(), static_cast<int64_t>(a.size())))
-          << where << " d" << field.name;
+  const std::vector<float> other_dout = random_values(s.B * s.Lq * s.E, 85);
+  const TensorView dy(dout.data(), {s.B, s.Lq, s.E}), other_dy(other_dout.data(), dy.sizes());
+  // Sequence 1 left-padded by 66 and right-padded by 2: rows that see no key, key tiles that no
+  // query sees.
+  const Mask mask = Mask().causal().key_starts({0, 66}).key_lengths({70, 68});
+  for (bool bias : {true, false}) {
+    const auto layer = MultiHeadAttention::random(8, 4, 2, 81, bias);
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      const std::string where = std::string(dtype_name(dtype)) + (bias ? "" : " no bias");
+      LayerOptions options;
+      options.dtype = dtype;
+      LayerActivations alone;
+      run_forward(layer, first, mask, options, &alone);
+      const LayerGradients expected = layer.backward(alone, dy, mask, {}, options);
+      LayerActivations kept, other;
+      run_forward(layer, first, mask, options, &kept);
+      run_forward(layer, second, mask, options, &other);
+      run_forward(layer, second, mask, options);
+      run_forward(layer, first, mask, options, &other);  // `other` again: its buffers exchanged
+      layer.backward(other, other_dy, Mask().causal(), {}, options);  // other bytes in scratch
+      const LayerGradients grads = layer.backward(kept, dy, mask, {}, options);
+      EXPECT_EQ(kept.q, alone.q) << where;
+      EXPECT_EQ(kept.heads, alone.heads) << where;
+      for (const Field& field : kFields) {
+        const std::vector<float>& a = field.gradient(grads).values();
+        const std::vector<float>& b = field.gradient(expected).values();
+        ASSERT_EQ(a.size(), b.size()) << where << " d" << field.name;
+        EXPECT_TRUE(bitwise_equal(a.data(), b.data(), static_cast<int64_t>(a.size())))
+            << where << " d" << field.name;
+      }
     }
   }
 }

@@ -40,6 +40,9 @@ struct LayerOptions {
 };
 
 // What forward() keeps for backward(): the inputs as f32, Q, K, V, the heads' outputs and LSE.
+// Each forward() that saves into it may exchange these vectors' buffers with the layer's own
+// (no copy): their contents are always this forward's, but a pointer into them does not outlive
+// the next forward() that saves into the same activations.
 struct LayerActivations {
   int64_t batch = 0, query_length = 0, key_length = 0;
   DType dtype = DType::f32;

@@ -64,7 +64,7 @@ class ConvertedMasks:
         state = self._state(tensor)
         key = (id(tensor), context)
         if state is not None:
-            entry = self._entries.get(key)  # one dict read: atomic, no lock needed
+            entry = self._entries.get(key)  # one dict read: atomic under the GIL, no lock
             if entry is not None and entry[0]() is tensor and entry[1] == state:
                 if key != self._newest:
                     with self._lock:

@@ -156,6 +156,9 @@ def check_sdpa_arguments(attn_mask, dropout_p, is_causal):
             f"attn_mask has dtype {attn_mask.dtype} (shape {_shape(attn_mask)}); expected "
             f"torch.bool (True = attend) or a floating dtype (added to the scores)"
         )
+    if attn_mask.layout is not torch.strided:
+        raise Error(f"attn_mask (shape {_shape(attn_mask)}) has layout {attn_mask.layout}; "
+                    "maskattn reads strided tensors: convert it with .to_dense()")
 
 
 def _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask=None,

@@ -103,8 +103,10 @@ def test_P96_tensor_without_strided_storage():
     import maskattn.torch as mt
 
     dense = torch.from_numpy(Q)
-    for layout, tensor in (("torch.sparse_coo", dense.to_sparse()),
-                           ("torch._mkldnn", dense.to_mkldnn())):
+    tensors = [("torch.sparse_coo", dense.to_sparse())]
+    if torch.backends.mkldnn.is_available():  # builds without MKL-DNN have no such layout
+        tensors.append(("torch._mkldnn", dense.to_mkldnn()))
+    for layout, tensor in tensors:
         message = rf"k \(shape \[1, 2, 3, 4\]\) has layout {layout}; .*\.to_dense\(\)"
         for call in (ma.attention, mt.attention, mt.scaled_dot_product_attention,
                      mt.flex_attention):
@@ -112,6 +114,9 @@ def test_P96_tensor_without_strided_storage():
                 call(dense, tensor, dense)
         with raises(message):
             mt.attention(dense.clone().requires_grad_(), tensor, dense)
+    sparse_leaf = dense.to_sparse().requires_grad_()  # the autograd path reads it detached
+    with raises(r"k \(shape \[1, 2, 3, 4\]\) has layout torch.sparse_coo"):
+        mt.attention(dense, sparse_leaf, dense)
 
 
 def test_P03_attention_tensors_not_rank_4():

@@ -263,10 +263,11 @@ def test_inputs_a_capsule_cannot_describe_are_read_by_value():
         assert torch.equal(negated, expected), name
         parameters = [torch.nn.Parameter(x.clone(), requires_grad=False) for x in (q, k, v)]
         assert torch.equal(call(*parameters), call(q, k, v)), name
-    leaf = k.clone().requires_grad_()
-    out = mt.attention(torch._neg_view(q), leaf, v)
+    leaf, q_leaf = k.clone().requires_grad_(), q.clone().requires_grad_()
+    out = mt.attention(torch._neg_view(q_leaf), leaf, v)  # a view that requires grad too
     out.sum().backward()
-    plain_leaf = k.clone().requires_grad_()
-    plain = mt.attention(-q, plain_leaf, v)
+    plain_leaf, plain_q = k.clone().requires_grad_(), q.clone().requires_grad_()
+    plain = mt.attention(-plain_q, plain_leaf, v)
     plain.sum().backward()
     assert torch.equal(out, plain) and torch.equal(leaf.grad, plain_leaf.grad)
+    assert torch.equal(q_leaf.grad, plain_q.grad)

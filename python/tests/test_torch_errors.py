@@ -93,6 +93,10 @@ def test_P28_attn_mask_type_and_dtype():
     with pytest.raises(maskattn.Error, match="attn_mask must be a torch.Tensor or None, got "
                                              "ndarray"):
         mt.scaled_dot_product_attention(q, k, v, attn_mask=np.ones((5, 6), dtype=bool))
+    sparse = torch.ones(5, 6, dtype=torch.bool).to_sparse()
+    with pytest.raises(maskattn.Error, match=r"attn_mask \(shape \[5, 6\]\) has layout "
+                                             r"torch.sparse_coo; .*\.to_dense\(\)"):
+        mt.scaled_dot_product_attention(q, k, v, attn_mask=sparse)
 
 
 def test_P29_attn_mask_must_broadcast():
