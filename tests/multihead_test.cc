@@ -102,7 +102,8 @@ std::vector<float> self_forward(const MultiHeadAttention& layer, const std::vect
 }
 
 bool bitwise_equal(const float* a, const float* b, int64_t count) {
-  return std::memcmp(a, b, count * sizeof(float)) == 0;
+  // (memcmp may not be given null pointers, which empty arrays have, even for no bytes)
+  return count == 0 || std::memcmp(a, b, count * sizeof(float)) == 0;
 }
 
 // ---- the f64 oracle -----------------------------------------------------------------------------
