@@ -63,6 +63,8 @@ std::vector<Case> catalogue(int64_t lq, int64_t lk) {
       {"spans",
        Mask().causal().spans(Array<int64_t>({2, lq}, span_q), Array<int64_t>({2, lk}, span_k))},
       {"prefix & window", Mask().sliding_window(4).prefix_lm(6)},
+      {"window(unbounded, 4), window(2, 2⁶²) & prefix",
+       Mask().window(kUnbounded, 4).window(2, int64_t{1} << 62, HeadSet{1}).prefix_lm(3)},
       {"per head", Mask().causal(HeadSet{0}).window(3, 0, HeadSet{2}).chunk(8, HeadSet{1})},
       {"dense keep [B,1,Lq,Lk]", Mask().keep(Array<uint8_t>({2, 1, lq, lk}, dense))},
       {"additive [Hq,1,Lk]", Mask().additive(Array<float>({3, 1, lk}, additive))},
@@ -302,6 +304,24 @@ TEST(BlockMap, AdditiveBlocksWithValuesToAddAreNotMaskFree) {
   EXPECT_EQ(map.values(), (std::vector<uint8_t>{2, 1, 1, 1}));
 }
 
+// Bit rows of queries [q0, q0 + q_count) against keys [k0, k0 + k_count) equal the element grid.
+void ExpectTileBits(const detail::TileMaskBuilder& builder, const Array<uint8_t>& allowed,
+                    const std::string& name, const MaskShape& shape, int64_t b, int64_t h,
+                    int64_t q0, int64_t q_count, int64_t k0, int64_t k_count) {
+  std::vector<uint64_t> bits(k_count, ~uint64_t{0});
+  builder.build(b, h, q0, q_count, k0, k_count, bits.data());
+  const int64_t lq = shape.q_len, lk = shape.k_len;
+  for (int64_t n = 0; n < k_count; ++n) {
+    for (int64_t i = 0; i < 64; ++i) {
+      const bool bit = (bits[n] >> i) & 1;
+      const bool expected =
+          i < q_count && allowed.values()[((b * shape.q_heads + h) * lq + q0 + i) * lk + k0 + n];
+      ASSERT_EQ(bit, expected) << name << " Lq=" << lq << " Lk=" << lk << " b" << b << " h" << h
+                               << " i" << q0 + i << " j" << k0 + n;
+    }
+  }
+}
+
 TEST(TileMask, BitRowsReproduceTheElementGrid) {
   for (const auto& [lq, lk] : {std::pair<int64_t, int64_t>{70, 70}, {5, 130}, {130, 9}}) {
     for (const Case& c : catalogue(lq, lk)) {
@@ -309,25 +329,22 @@ TEST(TileMask, BitRowsReproduceTheElementGrid) {
       const Array<uint8_t> allowed = allowed_pairs(c.mask, shape);
       const detail::ResolvedMask resolved(c.mask, shape);
       const detail::TileMaskBuilder builder(resolved);
-      std::vector<uint64_t> bits(64);
       for (int64_t b = 0; b < 2; ++b) {
         for (int64_t h = 0; h < 3; ++h) {
+          // The tile kernels' 64 × 64 tiles.
           for (int64_t q0 = 0; q0 < lq; q0 += 64) {
             for (int64_t k0 = 0; k0 < lk; k0 += 64) {
-              const int64_t q_count = std::min<int64_t>(64, lq - q0);
-              const int64_t k_count = std::min<int64_t>(64, lk - k0);
-              builder.build(b, h, q0, q_count, k0, k_count, bits.data());
-              for (int64_t n = 0; n < k_count; ++n) {
-                for (int64_t i = 0; i < 64; ++i) {
-                  const bool bit = (bits[n] >> i) & 1;
-                  const bool expected =
-                      i < q_count && allowed.values()[((b * 3 + h) * lq + q0 + i) * lk + k0 + n];
-                  ASSERT_EQ(bit, expected) << c.name << " Lq=" << lq << " Lk=" << lk << " b" << b
-                                           << " h" << h << " i" << q0 + i << " j" << k0 + n;
-                }
-              }
+              ExpectTileBits(builder, allowed, c.name, shape, b, h, q0,
+                             std::min<int64_t>(64, lq - q0), k0, std::min<int64_t>(64, lk - k0));
             }
           }
+          // The row kernel's: one query against every key (more than 64 at once).
+          for (int64_t i = 0; i < lq; i += 3) {
+            ExpectTileBits(builder, allowed, c.name, shape, b, h, i, 1, 0, lk);
+          }
+          // Blocks that start anywhere, against key runs that start anywhere.
+          ExpectTileBits(builder, allowed, c.name, shape, b, h, lq / 3,
+                         std::min<int64_t>(64, lq - lq / 3), lk / 5, lk - lk / 5);
         }
       }
     }

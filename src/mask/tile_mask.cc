@@ -59,45 +59,94 @@ uint64_t TileMaskBuilder::global_queries(int64_t b, int64_t h, int64_t q_first,
 
 // Causal/window components as an interval of query positions per key, relaxed by spans,
 // prefix-LM and global tokens; chunks as the interval of positions in the key's chunk.
-uint64_t TileMaskBuilder::order_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count,
-                                     int64_t j, uint64_t global_query_bits) const {
-  const int64_t kpos = mask_.global_kpos(b, j);
+namespace {
+
+// Bits of the block's queries whose index relative to the block lies in [lo, hi], for lo and hi
+// within ±2⁶² (no overflow when a tile's key offset is added to them).
+inline uint64_t relative_interval(int64_t lo, int64_t hi, int64_t q_count) {
+  lo = std::max(lo, int64_t{0});
+  hi = std::min(hi, q_count - 1);
+  if (hi < lo) return 0;
+  return low_bits(hi + 1) & ~low_bits(lo);
+}
+
+// A saturated bound (an unbounded window side) brought within ±2⁶²: every bound beyond the block's
+// 64 queries selects the same bits, and adding a key offset can then no longer overflow.
+inline int64_t clamp_bound(int64_t bound) {
+  constexpr int64_t kFar = int64_t{1} << 62;
+  return std::clamp(bound, -kFar, kFar);
+}
+
+}  // namespace
+
+// The causal and window components, then what relaxes them (global tokens, prefix-LM, spans), then
+// the chunks, over `count` ≤ 64 keys from global row k_first. Each component is asked for its heads
+// once per tile, and a window's interval of queries moves by one query per key: the bound of key
+// k_first + n is the first key's plus n.
+void TileMaskBuilder::order_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count,
+                                 int64_t k_first, int64_t count, uint64_t global_query_bits,
+                                 uint64_t* order) const {
+  const int64_t kpos_first = mask_.global_kpos(b, k_first);
   const int64_t to_index = -mask_.global_qpos(b, 0);  // query row = qpos + to_index
-  const auto index_of = [&](int64_t position) { return saturating_add(position, to_index); };
-  uint64_t bits = low_bits(q_count);
+  const auto relative = [&](int64_t position) {       // a position's query index in the block
+    return clamp_bound(saturating_add(saturating_add(position, to_index), -q_first));
+  };
+  const uint64_t all = low_bits(q_count);
+  std::fill(order, order + count, all);
   for (const component::Window* window : mask_.windows_) {
     // kpos − right ≤ qpos ≤ kpos + left; unbounded sides saturate instead of overflowing.
     if (!window->heads.contains(h)) continue;
-    bits &= interval(index_of(saturating_add(kpos, -window->right)),
-                     index_of(saturating_add(kpos, window->left)), q_first, q_count);
+    const int64_t lo = relative(saturating_add(kpos_first, -window->right));
+    const int64_t hi = relative(saturating_add(kpos_first, window->left));
+    for (int64_t n = 0; n < count; ++n) order[n] &= relative_interval(lo + n, hi + n, q_count);
   }
-  if (bits != low_bits(q_count)) {
-    bits |= global_query_bits;
-    for (const component::GlobalTokens* global : mask_.globals_) {
-      if (global->heads.contains(h) && ResolvedMask::is_global(global->key_ids, b, j)) {
-        bits = low_bits(q_count);
-      }
-    }
-    for (const component::Prefix* prefix : mask_.prefixes_) {
-      if (prefix->heads.contains(h) && kpos >= 0 && kpos < prefix->length) {
-        bits |= interval(index_of(0), index_of(prefix->length - 1), q_first, q_count);
-      }
-    }
-    for (const component::Spans* spans : mask_.spans_) {
-      if (!spans->heads.contains(h)) continue;
-      const int64_t span = spans->key_ids.at(b, j);
-      if (span == 0) continue;
-      for (int64_t i = 0; i < q_count; ++i) {
-        if (spans->query_ids.at(b, q_first + i) == span) bits |= uint64_t{1} << i;
-      }
-    }
-  }
+  relax_order_bits(b, h, q_first, q_count, k_first, count, global_query_bits, order);
   for (const component::Chunk* chunk : mask_.chunks_) {
     if (!chunk->heads.contains(h)) continue;
-    const int64_t first = floor_div(kpos, chunk->size) * chunk->size;
-    bits &= interval(index_of(first), index_of(first + chunk->size - 1), q_first, q_count);
+    for (int64_t n = 0; n < count; ++n) {
+      const int64_t first = floor_div(kpos_first + n, chunk->size) * chunk->size;
+      order[n] &= relative_interval(relative(first), relative(first + chunk->size - 1), q_count);
+    }
   }
-  return bits;
+}
+
+// Pairs the windows hide that a global query or key, a prefix-LM prefix or a shared span allows
+// again (ORed in: a key the windows leave whole stays whole).
+void TileMaskBuilder::relax_order_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count,
+                                       int64_t k_first, int64_t count, uint64_t global_query_bits,
+                                       uint64_t* order) const {
+  const uint64_t all = low_bits(q_count);
+  if (global_query_bits != 0) {
+    for (int64_t n = 0; n < count; ++n) order[n] |= global_query_bits;
+  }
+  for (const component::GlobalTokens* global : mask_.globals_) {
+    if (!global->heads.contains(h)) continue;
+    const int64_t* ids = &global->key_ids.at(ResolvedMask::global_row(global->key_ids, b), 0);
+    for (int64_t n = 0; n < count; ++n) {
+      if (ids[k_first + n] != 0) order[n] = all;
+    }
+  }
+  const int64_t kpos_first = mask_.global_kpos(b, k_first);
+  const int64_t to_index = -mask_.global_qpos(b, 0);
+  for (const component::Prefix* prefix : mask_.prefixes_) {
+    if (!prefix->heads.contains(h)) continue;
+    const uint64_t prefix_queries =
+        interval(to_index, saturating_add(prefix->length - 1, to_index), q_first, q_count);
+    for (int64_t n = 0; n < count; ++n) {
+      const int64_t kpos = kpos_first + n;
+      if (kpos >= 0 && kpos < prefix->length) order[n] |= prefix_queries;
+    }
+  }
+  for (const component::Spans* spans : mask_.spans_) {
+    if (!spans->heads.contains(h)) continue;
+    for (int64_t n = 0; n < count; ++n) {
+      const int64_t span = spans->key_ids.at(b, k_first + n);
+      if (span == 0) continue;
+      for (int64_t i = 0; i < q_count; ++i) {
+        if (spans->query_ids.at(b, q_first + i) == span) order[n] |= uint64_t{1} << i;
+      }
+    }
+  }
 }
 
 uint64_t TileMaskBuilder::layout_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count,
@@ -123,13 +172,18 @@ void TileMaskBuilder::build(int64_t b, int64_t h, int64_t q_first, int64_t q_cou
   k_first += mask_.k_origin();
   const uint64_t queries = real_queries(b, q_first, q_count);
   const uint64_t global_query_bits = global_queries(b, h, q_first, q_count);
+  uint64_t order[kMaxQueries];
+  for (int64_t k0 = 0; k0 < k_count; k0 += kMaxQueries) {
+    const int64_t count = std::min(kMaxQueries, k_count - k0);
+    order_bits(b, h, q_first, q_count, k_first + k0, count, global_query_bits, order);
+    for (int64_t n = 0; n < count; ++n) allowed[k0 + n] = queries & order[n];
+  }
   for (int64_t n = 0; n < k_count; ++n) {
     const int64_t j = k_first + n;
-    uint64_t bits = queries;
+    uint64_t bits = allowed[n];
     for (const component::Padding* padding : mask_.key_padding_) {
-      if (!mask_.is_real(*padding, b, j)) bits = 0;
+      if (bits != 0 && !mask_.is_real(*padding, b, j)) bits = 0;
     }
-    if (bits != 0) bits &= order_bits(b, h, q_first, q_count, j, global_query_bits);
     if (bits != 0 && !mask_.layouts_.empty()) bits &= layout_bits(b, h, q_first, q_count, j);
     if (bits != 0 && per_element_) {
       // Segments, dense masks, additive −inf and predicates: ask the evaluator per pair.

@@ -34,8 +34,12 @@ class TileMaskBuilder {
   uint64_t real_queries(int64_t b, int64_t q_first, int64_t q_count) const;
   // The queries of the block that some global-token component of head h makes global.
   uint64_t global_queries(int64_t b, int64_t h, int64_t q_first, int64_t q_count) const;
-  uint64_t order_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t j,
-                      uint64_t global_query_bits) const;
+  // order[0, count): the causal/window components, their relaxations and the chunks for `count`
+  // ≤ 64 keys from global row k_first.
+  void order_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t k_first,
+                  int64_t count, uint64_t global_query_bits, uint64_t* order) const;
+  void relax_order_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t k_first,
+                        int64_t count, uint64_t global_query_bits, uint64_t* order) const;
   // The queries whose layout block pairs with key j's block, for every block-sparse layout.
   uint64_t layout_bits(int64_t b, int64_t h, int64_t q_first, int64_t q_count, int64_t j) const;
 
