@@ -361,6 +361,40 @@ TEST(FusedBitwise, PairedBlocksEqualEachHeadAlone) {
   }
 }
 
+TEST(FusedBitwise, StridedF32OutputGetsTheContiguousBits) {
+  // An f32 output laid out [B, L, H, Dv] with padding after each row must hold the same bits as a
+  // contiguous [B, H, L, Dv] output, and its padding untouched, in tile mode, paired blocks (long
+  // bands) and the last, partial block of a sequence.
+  for (const int64_t lq : {int64_t{200}, int64_t{1024}}) {
+    const Problem p(2, 3, 3, lq, 1000, 16, 24, 41);
+    for (const Mask& mask : {Mask(), Mask().causal(), Mask().sliding_window(70)}) {
+      const int64_t rows = p.B * p.Hq * p.Lq;
+      std::vector<float> out(rows * p.Dv), lse(rows);
+      attention(p.qv(), p.kv(), p.vv(), MutableTensorView(out.data(), {p.B, p.Hq, p.Lq, p.Dv}),
+                mask, {}, {}, MutableTensorView(lse.data(), {p.B, p.Hq, p.Lq}));
+      // [B, L, H, Dv + 5]: each row 5 floats of padding, rows of one head H·(Dv + 5) apart.
+      const int64_t width = p.Dv + 5;
+      std::vector<float> strided(rows * width, 7.0f), strided_lse(rows);
+      attention(p.qv(), p.kv(), p.vv(),
+                MutableTensorView(strided.data(), DType::f32, {p.B, p.Hq, p.Lq, p.Dv},
+                                  {p.Lq * p.Hq * width, width, p.Hq * width, 1}),
+                mask, {}, {}, MutableTensorView(strided_lse.data(), {p.B, p.Hq, p.Lq}));
+      for (int64_t b = 0; b < p.B; ++b) {
+        for (int64_t h = 0; h < p.Hq; ++h) {
+          for (int64_t i = 0; i < p.Lq; ++i) {
+            const float* want = out.data() + ((b * p.Hq + h) * p.Lq + i) * p.Dv;
+            const float* got = strided.data() + ((b * p.Lq + i) * p.Hq + h) * width;
+            ASSERT_EQ(std::memcmp(want, got, p.Dv * sizeof(float)), 0)
+                << "Lq " << lq << " b " << b << " h " << h << " i " << i;
+            for (int64_t e = p.Dv; e < width; ++e) ASSERT_EQ(got[e], 7.0f);
+          }
+        }
+      }
+      EXPECT_EQ(std::memcmp(lse.data(), strided_lse.data(), rows * sizeof(float)), 0);
+    }
+  }
+}
+
 TEST(FusedExp, WithinThreeTenthsOfAMillionthOverTheSoftmaxRange) {
   // Every argument the online softmax can produce: (−∞, 0], densely near 0 and across the range
   // where results are normal floats; −inf must give exactly 0.
