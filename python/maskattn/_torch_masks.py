@@ -47,7 +47,7 @@ class ConvertedMasks:
         self._capacity = capacity
         self._entries: OrderedDict = OrderedDict()  # key → (weakref to the tensor, state, Mask)
         self._lock = threading.RLock()  # re-entrant: a weakref callback may run inside a lookup
-        self._newest = None  # the key last converted or moved to the end
+        self._newest = None  # the entry last converted or moved to the end
         self.conversions = 0  # how many masks were converted (tests read it)
 
     @staticmethod
@@ -59,28 +59,46 @@ class ConvertedMasks:
         # shape (a torch.Size) compares as the tuple it is; stride() is a tuple.
         return (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, version)
 
+    def peek(self, tensor: torch.Tensor, context):
+        """The Mask already made for ``tensor`` in the folding ``context`` (None on a miss). The
+        state is compared a field at a time, the version first (what an in-place change moves),
+        without building it: at Lk = 1 this lookup is a tenth of an SDPA call."""
+        entry = self._entries.get((id(tensor), context))  # one dict read: atomic under the GIL
+        if entry is None or entry[0]() is not tensor:
+            return None
+        known = entry[1]
+        try:
+            version = tensor._version
+        except RuntimeError:  # an inference-mode tensor: never cached
+            return None
+        if (known[4] != version or known[0] != tensor.data_ptr() or known[1] != tensor.shape
+                or known[2] != tensor.stride() or known[3] is not tensor.dtype):
+            return None
+        if entry is not self._newest:
+            with self._lock:
+                key = (id(tensor), context)
+                if self._entries.get(key) is entry:
+                    self._entries.move_to_end(key)
+                    self._newest = entry
+        return entry[2]
+
     def get(self, tensor: torch.Tensor, context, convert):
         """The Mask for ``tensor`` (in the folding ``context``), converting it on a miss."""
+        mask = self.peek(tensor, context)
+        if mask is not None:
+            return mask
         state = self._state(tensor)
         key = (id(tensor), context)
-        if state is not None:
-            entry = self._entries.get(key)  # one dict read: atomic under the GIL, no lock
-            if entry is not None and entry[0]() is tensor and entry[1] == state:
-                if key != self._newest:
-                    with self._lock:
-                        if key in self._entries:
-                            self._entries.move_to_end(key)
-                            self._newest = key
-                return entry[2]
         mask = convert()
         with self._lock:
             self.conversions += 1
             if state is None:
                 return mask
             ref = weakref.ref(tensor, lambda dead, key=key: self._forget(key, dead))
-            self._entries[key] = (ref, state, mask)
+            entry = (ref, state, mask)
+            self._entries[key] = entry
             self._entries.move_to_end(key)
-            self._newest = key
+            self._newest = entry
             while len(self._entries) > self._capacity:
                 self._entries.popitem(last=False)
         return mask

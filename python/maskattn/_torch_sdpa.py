@@ -35,7 +35,8 @@ from ._torch_autograd import (Call, attention_and_lse, check_mask, check_tensors
                               program_tables_of)
 from ._dropout import NO_DROPOUT, Dropout, checked_dropout, torch_seed
 from ._torch_compile import BREAK_REASON, compiled_attention
-from ._torch_masks import check_causal_alignment, core_mask, mods_with_bias, split_attn_mask
+from ._torch_masks import (check_causal_alignment, converted_masks, core_mask, mods_with_bias,
+                           split_attn_mask)
 
 Error = _core.Error
 
@@ -161,6 +162,21 @@ def check_sdpa_arguments(attn_mask, dropout_p, is_causal):
                     "maskattn reads strided tensors: convert it with .to_dense()")
 
 
+def _seen_keep_mask_attention(query, key, value, attn_mask, scale, enable_gqa):
+    """A bool attn_mask alone (no mask=, mods=, is_causal or dropout), already converted for this
+    folding (the mask of every layer of a model, of every step of a loop): straight to the call,
+    or None when it was not seen. Its own checks passed when it was converted (its tensor state and
+    the fold are the cache's key); the argument checks skipped pass for such a call, so a bad
+    input raises what the full path raises next, from fold_inputs."""
+    q4, k4, v4, batch, out_shape, dims = fold_inputs(query, key, value, enable_gqa)
+    converted = converted_masks.peek(attn_mask, (batch, *dims))
+    if converted is None:
+        return None
+    call = Call(converted, None, scale, "bhld", None, (), NO_DROPOUT)
+    out, _ = attention_and_lse(q4, k4, v4, call, None, None, want_lse=False, tables=())
+    return out if out_shape is None else out.reshape(out_shape)
+
+
 def _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask=None,
                      context=None, dropout_p=0.0):
     """The maskattn call for folded tensors, with the attn_mask converted (and cached under the
@@ -206,6 +222,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     check_tensors(query, key, value)
     if mask is not None:
         check_mask(mask)
+    elif (type(attn_mask) is torch.Tensor and not is_causal and mods is None
+          and type(dropout_p) is float and dropout_p == 0.0 and attn_mask.dtype is torch.bool
+          and attn_mask.layout is torch.strided and not torch.compiler.is_compiling()):
+        out = _seen_keep_mask_attention(query, key, value, attn_mask, scale, enable_gqa)
+        if out is not None:
+            return out
     if attn_mask is not None or type(dropout_p) is not float or dropout_p != 0.0:
         check_sdpa_arguments(attn_mask, dropout_p, is_causal)  # (the defaults need no check)
     q4, k4, v4, batch, out_shape, (heads, q_len, k_len) = fold_inputs(query, key, value,

@@ -333,6 +333,50 @@ def test_cache_never_confuses_a_new_tensor_with_a_dead_one():
     assert len(converted_masks) <= 1  # dead tensors' entries are dropped
 
 
+def test_a_seen_bool_mask_skips_its_conversion_but_nothing_it_must_see():
+    """A bool attn_mask seen before in the same problem goes straight to the call; what it does
+    not check again must still be seen: a swap of the tensor's data (a new dtype, shape or strides
+    over the same storage, which leaves _version alone), is_causal (refused), dropout (applied),
+    bad inputs (the full path's error), and gradients."""
+    L = 16
+    q, k, v = qkv(L, L)
+    storage = bool_mask((L, L), 3) | torch.eye(L, dtype=torch.bool)
+    mask = storage.view(L, L)
+    converted_masks.clear()
+    before = converted_masks.conversions
+    first = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    again = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert converted_masks.conversions == before + 1 and torch.equal(first, again)
+    # Swaps of the data behind the same tensor object, each over the same memory (data_ptr) in
+    # the same problem: new strides, a new shape (broadcast), a new dtype.
+    for swapped in (storage.t(), storage[:, :1]):
+        mask.data = swapped
+        ours = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        expected = math_sdpa(q.double(), k.double(), v.double(), attn_mask=swapped)
+        assert (ours.double() - expected).abs().max() < 1e-5
+    assert converted_masks.conversions == before + 3
+    mask.data = storage.view(torch.uint8)
+    with pytest.raises(maskattn.Error, match="attn_mask has dtype torch.uint8"):
+        mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    mask.data = storage
+    with pytest.raises(maskattn.Error, match="is_causal"):
+        mt.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
+    torch.manual_seed(5)
+    dropped = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.5)
+    assert not torch.equal(dropped, first)
+    with pytest.raises(maskattn.Error) as seen_mask:
+        mt.scaled_dot_product_attention(q, k[:, :2], v, attn_mask=mask)
+    with pytest.raises(maskattn.Error) as fresh_mask:
+        mt.scaled_dot_product_attention(q, k[:, :2], v, attn_mask=mask.clone())
+    assert str(seen_mask.value) == str(fresh_mask.value)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    mt.scaled_dot_product_attention(*leaves, attn_mask=mask).sum().backward()
+    reference = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    math_sdpa(*reference, attn_mask=mask).sum().backward()
+    for ours_leaf, math_leaf in zip(leaves, reference):
+        assert (ours_leaf.grad.double() - math_leaf.grad).abs().max() < 1e-5
+
+
 def test_no_grad_inputs_give_no_graph():
     q, k, v = qkv(5, 5)
     out = mt.scaled_dot_product_attention(q, k, v)
