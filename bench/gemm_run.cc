@@ -78,6 +78,10 @@ void set_library_threads(void* handle, int threads) {
 Product library_product(const std::string& engine, void* handle) {
   if (engine == "dnnl") {
     auto* sgemm = reinterpret_cast<DnnlSgemm>(dlsym(handle, "dnnl_sgemm"));
+    if (sgemm == nullptr) {
+      std::fprintf(stderr, "gemm_run: no dnnl_sgemm in the library\n");
+      std::exit(2);
+    }
     return [sgemm](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                    const float* b, int64_t ldb, float* c, int64_t ldc) {
       sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
@@ -202,6 +206,12 @@ int main(int argc, char** argv) {
   const bool ours = engine_name == "matmul";
   Engine engine{engine_name, {}, threads, mode == "blocks"};
   if (!ours) {
+    if (library.empty()) {  // dlopen("") would hand back this program, which has no sgemm
+      std::fprintf(stderr, "gemm_run: --engine %s needs --library (a path or soname, e.g. %s)\n",
+                   engine_name.c_str(),
+                   engine_name == "dnnl" ? "libdnnl.so.2" : "libopenblas.so.0");
+      return 2;
+    }
     void* handle = open_or_die(library);
     set_library_threads(handle, engine.blocks ? 1 : threads);
     engine.product = library_product(engine_name, handle);
