@@ -71,11 +71,11 @@ class ScoreMods:
                                     else table for name, table in program[1].items()})
         return _core.ScoreMods(
             softcap=self.softcap,
-            alibi_slopes=_float32_values(self.alibi_slopes),
-            bias=_float32_values(self.bias),
+            alibi_slopes=_float32_values(self.alibi_slopes, "mods.alibi_slopes"),
+            bias=_float32_values(self.bias, "mods.bias"),
             score_fn=self.score_fn,
             threshold=self.threshold,
-            sinks=_float32_values(self.sinks),
+            sinks=_float32_values(self.sinks, "mods.sinks"),
             program=program,
         )
 
@@ -103,10 +103,14 @@ class ScoreMods:
         return "maskattn.torch.ScoreMods(" + ", ".join(parts) + ")"
 
 
-def _float32_values(values):
+def _float32_values(values, name: str):
     """Values the C++ side can copy: torch tensors as float32 NumPy arrays (NumPy cannot read
-    bfloat16 tensors, and the bindings copy NumPy arrays most directly), anything else as given."""
+    bfloat16 tensors, and the bindings copy NumPy arrays most directly), anything else as given.
+    A tensor without strided storage (sparse, MKL-DNN) is refused by ``name`` (P96)."""
     if isinstance(values, torch.Tensor):
+        if values.layout is not torch.strided:
+            raise Error(f"{name} (shape {list(values.shape)}) has layout {values.layout}; "
+                        "maskattn reads strided tensors: convert it with .to_dense()")
         return values.detach().to("cpu", torch.float32).numpy()
     return values
 

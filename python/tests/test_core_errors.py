@@ -117,6 +117,16 @@ def test_P96_tensor_without_strided_storage():
     sparse_leaf = dense.to_sparse().requires_grad_()  # the autograd path reads it detached
     with raises(r"k \(shape \[1, 2, 3, 4\]\) has layout torch.sparse_coo"):
         mt.attention(dense, sparse_leaf, dense)
+    # maskattn.torch.ScoreMods' tensors, copied for the C++ modifiers: by their names.
+    bias = torch.zeros(3, 3)
+    for name, mods in (("bias", mt.ScoreMods(bias=bias.to_sparse())),
+                       ("bias", mt.ScoreMods(bias=bias.to_sparse().requires_grad_())),
+                       ("sinks", mt.ScoreMods(sinks=torch.zeros(2).to_sparse())),
+                       ("alibi_slopes", mt.ScoreMods(alibi_slopes=torch.ones(2).to_sparse()))):
+        for call in (mt.attention, mt.scaled_dot_product_attention):
+            with raises(rf"^mods\.{name} \(shape \[\d+(, \d+)*\]\) has layout torch.sparse_coo; "
+                        r"maskattn reads strided tensors: convert it with \.to_dense\(\)"):
+                call(dense, dense, dense, mods=mods)
 
 
 def test_P03_attention_tensors_not_rank_4():
