@@ -28,6 +28,8 @@ every case.
 
 from __future__ import annotations
 
+import atexit
+
 import torch
 
 from . import _core
@@ -166,15 +168,33 @@ def _seen_keep_mask_attention(query, key, value, attn_mask, scale, enable_gqa):
     """A bool attn_mask alone (no mask=, mods=, is_causal or dropout), already converted for this
     folding (the mask of every layer of a model, of every step of a loop): straight to the call,
     or None when it was not seen. Its own checks passed when it was converted (its tensor state and
-    the fold are the cache's key); the argument checks skipped pass for such a call, so a bad
-    input raises what the full path raises next, from fold_inputs."""
+    the fold are the cache's key: a sparse tensor, never converted, is never found); the argument
+    checks skipped pass for such a call, so a bad input raises what the full path raises next,
+    from fold_inputs. The Call of the newest mask at the default scale is kept (building one is
+    a fortieth of the call at Lk = 1)."""
+    global _newest_keep_call
     q4, k4, v4, batch, out_shape, dims = fold_inputs(query, key, value, enable_gqa)
     converted = converted_masks.peek(attn_mask, (batch, *dims))
     if converted is None:
         return None
-    call = Call(converted, None, scale, "bhld", None, (), NO_DROPOUT)
+    call = _newest_keep_call
+    if call is None or call.mask is not converted or scale is not None:
+        call = Call(converted, None, scale, "bhld", None, (), NO_DROPOUT)
+        if scale is None:
+            _newest_keep_call = call
     out, _ = attention_and_lse(q4, k4, v4, call, None, None, want_lse=False, tables=())
     return out if out_shape is None else out.reshape(out_shape)
+
+
+_newest_keep_call = None  # _seen_keep_mask_attention's last Call at the default scale
+
+
+@atexit.register
+def _release_keep_call():
+    # The Call holds a Mask: dropped at exit, as _torch_masks drops its cache, so that nanobind
+    # does not report it as leaked.
+    global _newest_keep_call
+    _newest_keep_call = None
 
 
 def _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask=None,
@@ -224,7 +244,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         check_mask(mask)
     elif (type(attn_mask) is torch.Tensor and not is_causal and mods is None
           and type(dropout_p) is float and dropout_p == 0.0 and attn_mask.dtype is torch.bool
-          and attn_mask.layout is torch.strided and not torch.compiler.is_compiling()):
+          and not torch.compiler.is_compiling()):
         out = _seen_keep_mask_attention(query, key, value, attn_mask, scale, enable_gqa)
         if out is not None:
             return out

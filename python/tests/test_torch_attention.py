@@ -232,8 +232,9 @@ def test_double_backward_raises_instead_of_a_silent_zero():
 
 def test_no_nanobind_leak_report_when_a_graph_outlives_the_script():
     """An output that requires grad kept in a global until exit holds its autograd graph, and
-    with it the call's Mask; the report nanobind prints for objects alive at teardown must not
-    appear (maskattn drops them at exit)."""
+    with it the call's Mask, and SDPA keeps the Call of the bool mask it saw last; the report
+    nanobind prints for objects alive at teardown must not appear (maskattn drops them at
+    exit)."""
     import os
     import subprocess
     import sys
@@ -243,6 +244,9 @@ def test_no_nanobind_leak_report_when_a_graph_outlives_the_script():
         "q = torch.randn(1, 2, 5, 8, requires_grad=True)\n"
         "out = mt.scaled_dot_product_attention(q, q, q, mask=maskattn.Mask().causal())\n"
         "kept = mt.attention(q, q, q, mask=maskattn.Mask().sliding_window(2))\n"
+        "keep = torch.ones(5, 5, dtype=torch.bool)\n"
+        "for _ in range(2):  # the second call keeps its Call (and Mask) for the next\n"
+        "    mt.scaled_dot_product_attention(q, q, q, attn_mask=keep)\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             env=dict(os.environ), timeout=120)

@@ -347,6 +347,10 @@ def test_a_seen_bool_mask_skips_its_conversion_but_nothing_it_must_see():
     first = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     again = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert converted_masks.conversions == before + 1 and torch.equal(first, again)
+    scaled = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+    expected = math_sdpa(q.double(), k.double(), v.double(), attn_mask=mask, scale=0.3)
+    assert (scaled.double() - expected).abs().max() < 1e-5
+    assert torch.equal(mt.scaled_dot_product_attention(q, k, v, attn_mask=mask), first)
     # Swaps of the data behind the same tensor object, each over the same memory (data_ptr) in
     # the same problem: new strides, a new shape (broadcast), a new dtype.
     for swapped in (storage.t(), storage[:, :1]):
