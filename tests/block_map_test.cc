@@ -322,6 +322,52 @@ void ExpectTileBits(const detail::TileMaskBuilder& builder, const Array<uint8_t>
   }
 }
 
+TEST(TileMask, BitRowsAreExactInFramesNearTheInt64Range) {
+  // Frames of ~2⁶³ rows put positions where a bound computed by saturating steps would be wrong:
+  // a left-padding key (kpos < 0) with an unbounded right side and bottom-right alignment over
+  // 2⁶³ − 1 queries (a saturated lower bound pulled back into range by the query offset), and a
+  // chunk whose last position would pass INT64_MAX. The bit rows must match the pair-by-pair
+  // semantics (ResolvedMask::allowed), for 64 × 64 tiles and the row kernel's single rows.
+  struct Extreme {
+    const char* name;
+    Mask mask;
+    Frame frame;
+  };
+  Frame deep;
+  deep.q_total = INT64_MAX;
+  deep.k_total = 64;
+  Frame far_keys;
+  far_keys.k_offset = INT64_MAX - 100;
+  far_keys.k_total = INT64_MAX;
+  far_keys.q_offset = INT64_MAX - 100;
+  far_keys.q_total = INT64_MAX;
+  const std::vector<Extreme> cases = {
+      {"window(0, unbounded) & key_starts, Lq_total = 2⁶³ − 1",
+       Mask().window(0, kUnbounded).key_starts({10}), deep},
+      {"chunk(100) at offsets 2⁶³ − 101", Mask().chunk(100), far_keys},
+  };
+  for (const Extreme& c : cases) {
+    const detail::ResolvedMask resolved(c.mask, {1, 1, 64, 64}, c.frame);
+    const detail::TileMaskBuilder builder(resolved);
+    std::vector<uint64_t> bits(64);
+    builder.build(0, 0, 0, 64, 0, 64, bits.data());
+    for (int64_t j = 0; j < 64; ++j) {
+      uint64_t expected = 0;
+      for (int64_t i = 0; i < 64; ++i) {
+        if (resolved.allowed(0, 0, i, j)) expected |= uint64_t{1} << i;
+      }
+      ASSERT_EQ(bits[j], expected) << c.name << " key " << j;
+    }
+    for (int64_t i = 0; i < 64; i += 9) {
+      builder.build(0, 0, i, 1, 0, 64, bits.data());
+      for (int64_t j = 0; j < 64; ++j) {
+        ASSERT_EQ(bits[j] & 1, resolved.allowed(0, 0, i, j) ? 1u : 0u)
+            << c.name << " query " << i << " key " << j;
+      }
+    }
+  }
+}
+
 TEST(TileMask, BitRowsReproduceTheElementGrid) {
   for (const auto& [lq, lk] : {std::pair<int64_t, int64_t>{70, 70}, {5, 130}, {130, 9}}) {
     for (const Case& c : catalogue(lq, lk)) {

@@ -45,7 +45,8 @@ class ConvertedMasks:
 
     def __init__(self, capacity: int = 8):
         self._capacity = capacity
-        self._entries: OrderedDict = OrderedDict()  # key → (weakref to the tensor, state, Mask)
+        # key → [weakref to the tensor, state, Mask, the caller's slot (peek_entry)]
+        self._entries: OrderedDict = OrderedDict()
         self._lock = threading.RLock()  # re-entrant: a weakref callback may run inside a lookup
         self._newest = None  # the entry last converted or moved to the end
         self.conversions = 0  # how many masks were converted (tests read it)
@@ -60,9 +61,15 @@ class ConvertedMasks:
         return (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, version)
 
     def peek(self, tensor: torch.Tensor, context):
-        """The Mask already made for ``tensor`` in the folding ``context`` (None on a miss). The
-        state is compared a field at a time, the version first (what an in-place change moves),
-        without building it: at Lk = 1 this lookup is a tenth of an SDPA call."""
+        """The Mask already made for ``tensor`` in the folding ``context`` (None on a miss)."""
+        entry = self.peek_entry(tensor, context)
+        return None if entry is None else entry[2]
+
+    def peek_entry(self, tensor: torch.Tensor, context):
+        """peek's entry itself, [weakref, state, Mask, slot] (None on a miss): the slot is the
+        caller's, for what it derives from the Mask, and goes with the entry. The state is
+        compared a field at a time, the version first (what an in-place change moves), without
+        building it: at Lk = 1 this lookup is a tenth of an SDPA call."""
         entry = self._entries.get((id(tensor), context))  # one dict read: atomic under the GIL
         if entry is None or entry[0]() is not tensor:
             return None
@@ -80,7 +87,7 @@ class ConvertedMasks:
                 if self._entries.get(key) is entry:
                     self._entries.move_to_end(key)
                     self._newest = entry
-        return entry[2]
+        return entry
 
     def get(self, tensor: torch.Tensor, context, convert):
         """The Mask for ``tensor`` (in the folding ``context``), converting it on a miss."""
@@ -95,7 +102,7 @@ class ConvertedMasks:
             if state is None:
                 return mask
             ref = weakref.ref(tensor, lambda dead, key=key: self._forget(key, dead))
-            entry = (ref, state, mask)
+            entry = [ref, state, mask, None]
             self._entries[key] = entry
             self._entries.move_to_end(key)
             self._newest = entry

@@ -28,8 +28,6 @@ every case.
 
 from __future__ import annotations
 
-import atexit
-
 import torch
 
 from . import _core
@@ -170,31 +168,19 @@ def _seen_keep_mask_attention(query, key, value, attn_mask, scale, enable_gqa):
     or None when it was not seen. Its own checks passed when it was converted (its tensor state and
     the fold are the cache's key: a sparse tensor, never converted, is never found); the argument
     checks skipped pass for such a call, so a bad input raises what the full path raises next,
-    from fold_inputs. The Call of the newest mask at the default scale is kept (building one is
-    a fortieth of the call at Lk = 1)."""
-    global _newest_keep_call
+    from fold_inputs. The Call at the default scale (a fortieth of the call at Lk = 1 to build)
+    is kept in the cache's entry, and goes with it."""
     q4, k4, v4, batch, out_shape, dims = fold_inputs(query, key, value, enable_gqa)
-    converted = converted_masks.peek(attn_mask, (batch, *dims))
-    if converted is None:
+    entry = converted_masks.peek_entry(attn_mask, (batch, *dims))
+    if entry is None:
         return None
-    call = _newest_keep_call
-    if call is None or call.mask is not converted or scale is not None:
-        call = Call(converted, None, scale, "bhld", None, (), NO_DROPOUT)
+    call = entry[3] if scale is None else None
+    if call is None:
+        call = Call(entry[2], None, scale, "bhld", None, (), NO_DROPOUT)
         if scale is None:
-            _newest_keep_call = call
+            entry[3] = call
     out, _ = attention_and_lse(q4, k4, v4, call, None, None, want_lse=False, tables=())
     return out if out_shape is None else out.reshape(out_shape)
-
-
-_newest_keep_call = None  # _seen_keep_mask_attention's last Call at the default scale
-
-
-@atexit.register
-def _release_keep_call():
-    # The Call holds a Mask: dropped at exit, as _torch_masks drops its cache, so that nanobind
-    # does not report it as leaked.
-    global _newest_keep_call
-    _newest_keep_call = None
 
 
 def _eager_attention(q4, k4, v4, folded, is_causal, scale, mask, mods, attn_mask=None,

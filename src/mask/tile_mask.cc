@@ -70,11 +70,14 @@ inline uint64_t relative_interval(int64_t lo, int64_t hi, int64_t q_count) {
   return low_bits(hi + 1) & ~low_bits(lo);
 }
 
-// A saturated bound (an unbounded window side) brought within ±2⁶²: every bound beyond the block's
-// 64 queries selects the same bits, and adding a key offset can then no longer overflow.
-inline int64_t clamp_bound(int64_t bound) {
-  constexpr int64_t kFar = int64_t{1} << 62;
-  return std::clamp(bound, -kFar, kFar);
+// A bound computed exactly in 128 bits (an unbounded window side is INT64_MAX) brought within
+// ±2⁶²: every bound beyond the block's 64 queries selects the same bits, and adding a key offset
+// can then no longer overflow. Saturating each step instead is not exact: a bound saturated at
+// one step can be pulled back into range by the next (a left-padding key with an unbounded right
+// side in a frame of 2⁶³ queries).
+inline int64_t clamp_bound(__int128 bound) {
+  constexpr __int128 kFar = __int128{1} << 62;
+  return static_cast<int64_t>(std::clamp(bound, -kFar, kFar));
 }
 
 }  // namespace
@@ -88,16 +91,16 @@ void TileMaskBuilder::order_bits(int64_t b, int64_t h, int64_t q_first, int64_t 
                                  uint64_t* order) const {
   const int64_t kpos_first = mask_.global_kpos(b, k_first);
   const int64_t to_index = -mask_.global_qpos(b, 0);  // query row = qpos + to_index
-  const auto relative = [&](int64_t position) {       // a position's query index in the block
-    return clamp_bound(saturating_add(saturating_add(position, to_index), -q_first));
+  const auto relative = [&](__int128 position) {      // a position's query index in the block
+    return clamp_bound(position + to_index - q_first);
   };
   const uint64_t all = low_bits(q_count);
   std::fill(order, order + count, all);
   for (const component::Window* window : mask_.windows_) {
-    // kpos − right ≤ qpos ≤ kpos + left; unbounded sides saturate instead of overflowing.
+    // kpos − right ≤ qpos ≤ kpos + left, in 128 bits: unbounded sides cannot overflow.
     if (!window->heads.contains(h)) continue;
-    const int64_t lo = relative(saturating_add(kpos_first, -window->right));
-    const int64_t hi = relative(saturating_add(kpos_first, window->left));
+    const int64_t lo = relative(__int128{kpos_first} - window->right);
+    const int64_t hi = relative(__int128{kpos_first} + window->left);
     for (int64_t n = 0; n < count; ++n) order[n] &= relative_interval(lo + n, hi + n, q_count);
   }
   relax_order_bits(b, h, q_first, q_count, k_first, count, global_query_bits, order);
@@ -105,7 +108,8 @@ void TileMaskBuilder::order_bits(int64_t b, int64_t h, int64_t q_first, int64_t 
     if (!chunk->heads.contains(h)) continue;
     for (int64_t n = 0; n < count; ++n) {
       const int64_t first = floor_div(kpos_first + n, chunk->size) * chunk->size;
-      order[n] &= relative_interval(relative(first), relative(first + chunk->size - 1), q_count);
+      order[n] &=
+          relative_interval(relative(first), relative(__int128{first} + chunk->size - 1), q_count);
     }
   }
 }
