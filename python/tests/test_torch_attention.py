@@ -232,7 +232,7 @@ def test_double_backward_raises_instead_of_a_silent_zero():
 
 def test_no_nanobind_leak_report_when_a_graph_outlives_the_script():
     """An output that requires grad kept in a global until exit holds its autograd graph, and
-    with it the call's Mask, and SDPA keeps the Call of the bool mask it saw last; the report
+    with it the call's Mask, and the mask cache keeps a seen bool mask's Call; the report
     nanobind prints for objects alive at teardown must not appear (maskattn drops them at
     exit)."""
     import os
