@@ -84,7 +84,12 @@ Product library_product(const std::string& engine, void* handle) {
     }
     return [sgemm](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                    const float* b, int64_t ldb, float* c, int64_t ldc) {
-      sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+      const int status =
+          sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+      if (status != 0) {  // dnnl_success is 0: a timing of a failed call would mean nothing
+        std::fprintf(stderr, "gemm_run: dnnl_sgemm failed with status %d\n", status);
+        std::exit(2);
+      }
     };
   }
   auto* sgemm = reinterpret_cast<CblasSgemm>(dlsym(handle, "cblas_sgemm"));

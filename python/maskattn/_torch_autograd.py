@@ -106,11 +106,15 @@ class ScoreMods:
 def _float32_values(values, name: str):
     """Values the C++ side can copy: torch tensors as float32 NumPy arrays (NumPy cannot read
     bfloat16 tensors, and the bindings copy NumPy arrays most directly), anything else as given.
-    A tensor without strided storage (sparse, MKL-DNN) is refused by ``name`` (P96)."""
+    A tensor without strided storage (sparse, MKL-DNN) or without values (meta) is refused by
+    ``name`` (P96)."""
     if isinstance(values, torch.Tensor):
         if values.layout is not torch.strided:
             raise Error(f"{name} (shape {list(values.shape)}) has layout {values.layout}; "
                         "maskattn reads strided tensors: convert it with .to_dense()")
+        if values.is_meta:
+            raise Error(f"{name} (shape {list(values.shape)}) is a meta tensor: it has no "
+                        "values to read")
         return values.detach().to("cpu", torch.float32).numpy()
     return values
 

@@ -127,6 +127,8 @@ def test_P96_tensor_without_strided_storage():
             with raises(rf"^mods\.{name} \(shape \[\d+(, \d+)*\]\) has layout torch.sparse_coo; "
                         r"maskattn reads strided tensors: convert it with \.to_dense\(\)"):
                 call(dense, dense, dense, mods=mods)
+    with raises(r"^mods\.bias \(shape \[3, 3\]\) is a meta tensor: it has no values to read"):
+        mt.attention(dense, dense, dense, mods=mt.ScoreMods(bias=torch.zeros(3, 3, device="meta")))
 
 
 def test_P03_attention_tensors_not_rank_4():
