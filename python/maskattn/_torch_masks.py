@@ -45,7 +45,7 @@ class ConvertedMasks:
 
     def __init__(self, capacity: int = 8):
         self._capacity = capacity
-        # key → [weakref to the tensor, state, Mask, the caller's slot (peek_entry)]
+        # key → [weakref to the tensor, state, Mask, the caller's slot (peek)]
         self._entries: OrderedDict = OrderedDict()
         self._lock = threading.RLock()  # re-entrant: a weakref callback may run inside a lookup
         self._newest = None  # the entry last converted or moved to the end
@@ -61,13 +61,9 @@ class ConvertedMasks:
         return (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, version)
 
     def peek(self, tensor: torch.Tensor, context):
-        """The Mask already made for ``tensor`` in the folding ``context`` (None on a miss)."""
-        entry = self.peek_entry(tensor, context)
-        return None if entry is None else entry[2]
-
-    def peek_entry(self, tensor: torch.Tensor, context):
-        """peek's entry itself, [weakref, state, Mask, slot] (None on a miss): the slot is the
-        caller's, for what it derives from the Mask, and goes with the entry. The state is
+        """The entry already made for ``tensor`` in the folding ``context``, [weakref, state,
+        Mask, slot] (None on a miss): the slot is the caller's, for what it derives from the
+        Mask, and goes with the entry. The state is
         compared a field at a time, the version first (what an in-place change moves), without
         building it: at Lk = 1 this lookup is a tenth of an SDPA call."""
         entry = self._entries.get((id(tensor), context))  # one dict read: atomic under the GIL
@@ -91,9 +87,9 @@ class ConvertedMasks:
 
     def get(self, tensor: torch.Tensor, context, convert):
         """The Mask for ``tensor`` (in the folding ``context``), converting it on a miss."""
-        mask = self.peek(tensor, context)
-        if mask is not None:
-            return mask
+        entry = self.peek(tensor, context)
+        if entry is not None:
+            return entry[2]
         state = self._state(tensor)
         key = (id(tensor), context)
         mask = convert()

@@ -162,16 +162,15 @@ def check_sdpa_arguments(attn_mask, dropout_p, is_causal):
                     "maskattn reads strided tensors: convert it with .to_dense()")
 
 
-def _seen_keep_mask_attention(query, key, value, attn_mask, scale, enable_gqa):
+def _seen_keep_mask_attention(folded_inputs, attn_mask, scale):
     """A bool attn_mask alone (no mask=, mods=, is_causal or dropout), already converted for this
     folding (the mask of every layer of a model, of every step of a loop): straight to the call,
     or None when it was not seen. Its own checks passed when it was converted (its tensor state and
-    the fold are the cache's key: a sparse tensor, never converted, is never found); the argument
-    checks skipped pass for such a call, so a bad input raises what the full path raises next,
-    from fold_inputs. The Call at the default scale (a fortieth of the call at Lk = 1 to build)
-    is kept in the cache's entry, and goes with it."""
-    q4, k4, v4, batch, out_shape, dims = fold_inputs(query, key, value, enable_gqa)
-    entry = converted_masks.peek_entry(attn_mask, (batch, *dims))
+    the fold are the cache's key: a sparse tensor, never converted, is never found), and the
+    argument checks skipped pass for such a call. The Call at the default scale (a fortieth of
+    the call at Lk = 1 to build) is kept in the cache's entry, and goes with it."""
+    q4, k4, v4, batch, out_shape, dims = folded_inputs
+    entry = converted_masks.peek(attn_mask, (batch, *dims))
     if entry is None:
         return None
     call = entry[3] if scale is None else None
@@ -226,18 +225,23 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     tensor) and ``mods=`` (score modifiers).
     """
     check_tensors(query, key, value)
+    folded_inputs = None
     if mask is not None:
         check_mask(mask)
     elif (type(attn_mask) is torch.Tensor and not is_causal and mods is None
           and type(dropout_p) is float and dropout_p == 0.0 and attn_mask.dtype is torch.bool
           and not torch.compiler.is_compiling()):
-        out = _seen_keep_mask_attention(query, key, value, attn_mask, scale, enable_gqa)
+        # The argument checks below pass for such a call, so folding first raises the same
+        # errors in the same order; a mask not seen before keeps the fold for the full path.
+        folded_inputs = fold_inputs(query, key, value, enable_gqa)
+        out = _seen_keep_mask_attention(folded_inputs, attn_mask, scale)
         if out is not None:
             return out
     if attn_mask is not None or type(dropout_p) is not float or dropout_p != 0.0:
         check_sdpa_arguments(attn_mask, dropout_p, is_causal)  # (the defaults need no check)
-    q4, k4, v4, batch, out_shape, (heads, q_len, k_len) = fold_inputs(query, key, value,
-                                                                        enable_gqa)
+    if folded_inputs is None:
+        folded_inputs = fold_inputs(query, key, value, enable_gqa)
+    q4, k4, v4, batch, out_shape, (heads, q_len, k_len) = folded_inputs
     if is_causal:
         check_causal_alignment(mask, q_len, k_len)
     folded = None

@@ -11,6 +11,15 @@ namespace {
 
 using Form = component::Padding::Form;
 
+// Bits of the block's queries whose index relative to the block lies in [lo, hi] (any int64; the
+// tile loops below keep theirs within ±2⁶², so that adding a key offset cannot overflow).
+inline uint64_t relative_interval(int64_t lo, int64_t hi, int64_t q_count) {
+  lo = std::max(lo, int64_t{0});
+  hi = std::min(hi, q_count - 1);
+  if (hi < lo) return 0;
+  return low_bits(hi + 1) & ~low_bits(lo);
+}
+
 }  // namespace
 
 TileMaskBuilder::TileMaskBuilder(const ResolvedMask& mask)
@@ -18,10 +27,7 @@ TileMaskBuilder::TileMaskBuilder(const ResolvedMask& mask)
 
 uint64_t TileMaskBuilder::interval(int64_t lo, int64_t hi, int64_t q_first, int64_t q_count) {
   // lo and hi may be saturated (an unbounded window side): subtracting must saturate too.
-  lo = std::max(saturating_add(lo, -q_first), int64_t{0});
-  hi = std::min(saturating_add(hi, -q_first), q_count - 1);
-  if (hi < lo) return 0;
-  return low_bits(hi + 1) & ~low_bits(lo);
+  return relative_interval(saturating_add(lo, -q_first), saturating_add(hi, -q_first), q_count);
 }
 
 uint64_t TileMaskBuilder::real_queries(int64_t b, int64_t q_first, int64_t q_count) const {
@@ -60,15 +66,6 @@ uint64_t TileMaskBuilder::global_queries(int64_t b, int64_t h, int64_t q_first,
 // Causal/window components as an interval of query positions per key, relaxed by spans,
 // prefix-LM and global tokens; chunks as the interval of positions in the key's chunk.
 namespace {
-
-// Bits of the block's queries whose index relative to the block lies in [lo, hi], for lo and hi
-// within ±2⁶² (no overflow when a tile's key offset is added to them).
-inline uint64_t relative_interval(int64_t lo, int64_t hi, int64_t q_count) {
-  lo = std::max(lo, int64_t{0});
-  hi = std::min(hi, q_count - 1);
-  if (hi < lo) return 0;
-  return low_bits(hi + 1) & ~low_bits(lo);
-}
 
 // A bound computed exactly in 128 bits (an unbounded window side is INT64_MAX) brought within
 // ±2⁶²: every bound beyond the block's 64 queries selects the same bits, and adding a key offset
