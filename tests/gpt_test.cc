@@ -3,6 +3,7 @@
 // effect on earlier positions, and the model's errors.
 #include <cmath>
 
+#include "maskattn/attention.h"
 #include "maskattn/model/generate.h"
 #include "maskattn/model/gpt.h"
 #include "test_util.h"
@@ -128,6 +129,51 @@ TEST(Gpt, SameBitsForAnyThreadCount) {
       gpt.loss_and_gradients(params.data(), data.view(2, 6, 0), two.data(), 2).loss;
   EXPECT_EQ(loss_one, loss_two);
   EXPECT_EQ(one, two);
+}
+
+// Gpt::qkv's views are each block's Q, K and V, [B, H, L, D]: c_attn's row blocks applied to
+// ln_1 (checked in double), and attention() on them gives the heads' outputs the block kept.
+TEST(Gpt, QkvViewsAreEachBlocksQueriesKeysAndValues) {
+  const GptParameters parameters(tiny_config());
+  const GptConfig& config = parameters.config();
+  Gpt gpt(parameters, true);
+  const std::vector<float> params = noisy_parameters(parameters, 5);
+  const TinyBatch data = next_token_batch({{1, 2, 3, 4, 5, 6}, {6, 5, 4, 3}}, 5, 0);
+  gpt.loss_and_gradients(params.data(), data.view(2, 5, 0), nullptr, 1);
+  const int64_t B = 2, L = 5, H = config.heads, E = config.d_model, D = E / H;
+  for (int64_t l = 0; l < config.layers; ++l) {
+    const model::QkvViews qkv = gpt.qkv(l);
+    const model::GptBlockState& state = gpt.block_state(l);
+    const float* weight = params.data() + parameters.block(l).c_attn_weight;
+    const float* bias = params.data() + parameters.block(l).c_attn_bias;
+    const TensorView* parts[3] = {&qkv.q, &qkv.k, &qkv.v};
+    for (int part = 0; part < 3; ++part) {
+      ASSERT_EQ(parts[part]->sizes(), (Dims{B, H, L, D}));
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t t = 0; t < L; ++t) {
+            for (int64_t d = 0; d < D; ++d) {
+              const int64_t out = part * E + h * D + d;  // c_attn's output feature
+              double expected = bias[out];
+              for (int64_t e = 0; e < E; ++e) {
+                expected +=
+                    static_cast<double>(state.ln_1[(b * L + t) * E + e]) * weight[out * E + e];
+              }
+              const float got =
+                  static_cast<const float*>(parts[part]->data())[parts[part]->offset({b, h, t, d})];
+              EXPECT_NEAR(got, expected, 1e-5 * (1 + std::fabs(expected)))
+                  << "layer " << l << " part " << part;
+            }
+          }
+        }
+      }
+    }
+    std::vector<float> heads(B * L * E);
+    attention(qkv.q, qkv.k, qkv.v,
+              MutableTensorView(heads.data(), DType::f32, {B, H, L, D}, {L * E, D, E, 1}),
+              gpt.last_mask());
+    EXPECT_EQ(heads, state.attention.heads) << "layer " << l;
+  }
 }
 
 TEST(Gpt, TheLookAheadMaskKeepsLaterTokensOutOfEarlierLogits) {

@@ -11,6 +11,7 @@
 #include "model/gelu.h"
 #include "model/layer_norm.h"
 #include "model/linear.h"
+#include "model/self_attention.h"
 
 namespace maskattn::model {
 
@@ -18,6 +19,13 @@ namespace {
 
 void add_into(float* into, const float* values, int64_t count) {
   for (int64_t n = 0; n < count; ++n) into[n] += values[n];
+}
+
+// Where block `o`'s attention parameters (or their gradients) are in the flat array `base`.
+template <typename T>
+SelfAttentionWeights<T> attention_parameters(T* base, const BlockOffsets& o) {
+  return {base + o.c_attn_weight, base + o.c_attn_bias, base + o.attn_proj_weight,
+          base + o.attn_proj_bias};
 }
 
 }  // namespace
@@ -52,6 +60,12 @@ void Gpt::charge(double GptTimings::*part) {
   const auto now = std::chrono::steady_clock::now();
   timings_->*part += std::chrono::duration<double>(now - mark_).count();
   mark_ = now;
+}
+
+QkvViews Gpt::qkv(int64_t layer) const {
+  const SelfAttentionShape shape{last_batch_, last_length_, parameters_.config().heads,
+                                 parameters_.config().d_model};
+  return qkv_views(blocks_.at(layer).attention, shape);
 }
 
 Mask Gpt::mask_for(const GptBatch& batch) const {
@@ -126,20 +140,17 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
                        mean.data(), rstd.data(), threads);
     charge(&GptTimings::layer_norm);
   };
-  LayerOptions layer_options;
-  layer_options.attention.threads = threads;
-  attention_.clear();
+  const SelfAttentionShape attention_shape{batch.batch, batch.length, config.heads, E};
+  last_batch_ = batch.batch;
+  last_length_ = batch.length;
   for (int64_t l = 0; l < config.layers; ++l) {
     const BlockOffsets& o = parameters_.block(l);
     GptBlockState& s = blocks_[l];
     s.x_in = residual_;
     layer_norm(s.x_in, o.ln_1_weight, o.ln_1_bias, s.ln_1, s.ln_1_mean, s.ln_1_rstd);
-    attention_.emplace_back(attention_weights(parameters_, params, l), config.heads);
-    const TensorView ln_1(s.ln_1.data(), {batch.batch, batch.length, E});
     s.x_mid.resize(rows * E);
-    attention_.back().forward(ln_1, ln_1, ln_1,
-                              MutableTensorView(s.x_mid.data(), {batch.batch, batch.length, E}),
-                              mask_, {}, layer_options, &s.attention);
+    self_attention_forward(s.ln_1.data(), attention_shape, attention_parameters(params, o), mask_,
+                           s.x_mid.data(), s.attention, threads);
     add_into(s.x_mid.data(), s.x_in.data(), rows * E);
     charge(&GptTimings::attention);
     // MLP.
@@ -186,8 +197,7 @@ void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int
                       dx_.data(), grads + parameters_.ln_f_weight(),
                       grads + parameters_.ln_f_bias(), threads);
   charge(&GptTimings::layer_norm);
-  LayerOptions layer_options;
-  layer_options.attention.threads = threads;
+  const SelfAttentionShape attention_shape{batch.batch, batch.length, config.heads, E};
   scratch_b_.resize(rows * E);
   scratch_h_.resize(rows * H4);
   // A block's residual branch starts with a LayerNorm of x: dx += its backward of dy.
@@ -212,24 +222,9 @@ void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int
     add_layer_norm_backward(s.x_mid, scratch_a_.data(), o.ln_2_weight, o.ln_2_bias, s.ln_2_mean,
                             s.ln_2_rstd);  // dx_ is now ∂L/∂x_mid
     // x_mid = x_in + attn(ln_1(x_in)).
-    const LayerGradients attention =
-        attention_[l].backward(s.attention, TensorView(dx_.data(), {batch.batch, batch.length, E}),
-                               mask_, {}, layer_options);
-    for (int64_t n = 0; n < rows * E; ++n) {
-      scratch_a_[n] =
-          attention.dquery.data()[n] + attention.dkey.data()[n] + attention.dvalue.data()[n];
-    }
-    const LayerWeights& dw = attention.dweights;
-    float* dc_attn = grads + o.c_attn_weight;
-    float* dc_attn_bias = grads + o.c_attn_bias;
-    std::copy(dw.q_weight.data(), dw.q_weight.data() + E * E, dc_attn);
-    std::copy(dw.k_weight.data(), dw.k_weight.data() + E * E, dc_attn + E * E);
-    std::copy(dw.v_weight.data(), dw.v_weight.data() + E * E, dc_attn + 2 * E * E);
-    std::copy(dw.out_weight.data(), dw.out_weight.data() + E * E, grads + o.attn_proj_weight);
-    std::copy(dw.q_bias.data(), dw.q_bias.data() + E, dc_attn_bias);
-    std::copy(dw.k_bias.data(), dw.k_bias.data() + E, dc_attn_bias + E);
-    std::copy(dw.v_bias.data(), dw.v_bias.data() + E, dc_attn_bias + 2 * E);
-    std::copy(dw.out_bias.data(), dw.out_bias.data() + E, grads + o.attn_proj_bias);
+    self_attention_backward(s.ln_1.data(), dx_.data(), attention_shape,
+                            attention_parameters(params, o), attention_parameters(grads, o), mask_,
+                            s.attention, attention_scratch_, scratch_a_.data(), threads);
     charge(&GptTimings::attention);
     add_layer_norm_backward(s.x_in, scratch_a_.data(), o.ln_1_weight, o.ln_1_bias, s.ln_1_mean,
                             s.ln_1_rstd);  // dx_ is now ∂L/∂x_in

@@ -34,7 +34,7 @@ struct Copying {
 // most weight on the next key.
 Copying copying_head(const model::LoadedModel& loaded, const std::vector<int32_t>& tokens) {
   const model::GptConfig& config = loaded.parameters.config();
-  const int64_t L = static_cast<int64_t>(tokens.size()), H = config.heads, D = config.head_dim();
+  const int64_t L = static_cast<int64_t>(tokens.size()), H = config.heads;
   model::Gpt gpt(loaded.parameters, loaded.causal);
   const std::vector<int32_t> targets(L, model::kIgnoreTarget);
   gpt.loss_and_gradients(loaded.values.data(), {tokens.data(), targets.data(), 1, L, -1}, nullptr,
@@ -43,12 +43,10 @@ Copying copying_head(const model::LoadedModel& loaded, const std::vector<int32_t
   best.weight = -1;
   best.allowed = allowed_pairs(gpt.last_mask(), {1, H, L, L}).values();
   for (int64_t l = 0; l < config.layers; ++l) {
-    const LayerActivations& saved = gpt.block_state(l).attention;
-    // Q and K [1, L, H·D] as f32, viewed as [1, H, L, D].
-    const TensorView q(saved.q.data(), DType::f32, {1, H, L, D}, {L * H * D, D, H * D, 1});
-    const TensorView k(saved.k.data(), DType::f32, {1, H, L, D}, {L * H * D, D, H * D, 1});
+    const model::QkvViews qkv = gpt.qkv(l);
     std::vector<float> weights(H * L * L);
-    attention_weights(q, k, MutableTensorView(weights.data(), {1, H, L, L}), gpt.last_mask());
+    attention_weights(qkv.q, qkv.k, MutableTensorView(weights.data(), {1, H, L, L}),
+                      gpt.last_mask());
     for (int64_t h = 0; h < H; ++h) {
       double sum = 0;
       for (int64_t i = 0; i + 1 < L; ++i) sum += weights[(h * L + i) * L + i + 1];
