@@ -190,6 +190,58 @@ TEST(BlockMap, NextCandidateJumpsToTheNextGlobalKeyOrLayoutBlock) {
   EXPECT_EQ(sparse_blocks.next_candidate(0, 0, 3, 13), 16);
 }
 
+TEST(BlockMap, KeyRowsHoldEveryAllowedPairOfTheTile) {
+  // Whatever the mask, with and without global queries apart, no allowed pair of a tile lies
+  // outside key_rows; where only windows and global tokens make the mask, a tile beside the band
+  // narrows to its global keys.
+  for (const auto& [lq, lk, tq, tk] :
+       {std::array<int64_t, 4>{23, 23, 4, 4}, {17, 31, 3, 5}, {130, 140, 10, 7}}) {
+    for (const Case& c : catalogue(lq, lk)) {
+      const MaskShape shape = {2, 3, lq, lk};
+      const Array<uint8_t> allowed = allowed_pairs(c.mask, shape);
+      const detail::ResolvedMask resolved(c.mask, shape);
+      for (const bool apart : {false, true}) {
+        if (apart && !detail::BlockMap::global_queries_see_every_key(resolved)) continue;
+        const detail::BlockMap blocks(resolved, tq, tk, true, apart);
+        for (int64_t b = 0; b < 2; ++b) {
+          for (int64_t h = 0; h < 3; ++h) {
+            for (int64_t qt = 0; qt < blocks.q_tiles(); ++qt) {
+              for (int64_t kt = 0; kt < blocks.k_tiles(); ++kt) {
+                const auto rows = blocks.key_rows(b, h, qt, kt);
+                const int64_t tile_rows = std::min(lk, (kt + 1) * tk) - kt * tk;
+                ASSERT_LE(0, rows.first) << c.name;
+                ASSERT_LE(rows.end, tile_rows) << c.name;
+                for (int64_t i = qt * tq; i < std::min(lq, (qt + 1) * tq); ++i) {
+                  for (int64_t j = kt * tk; j < kt * tk + tile_rows; ++j) {
+                    if (!allowed.values()[((b * 3 + h) * lq + i) * lk + j]) continue;
+                    ASSERT_TRUE(rows.first <= j - kt * tk && j - kt * tk < rows.end)
+                        << c.name << " apart " << apart << " b" << b << " h" << h << " pair " << i
+                        << "," << j;
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // Window(64, 64) with global tokens 100 and 700 over N = 1024, tiles of 64.
+  const Mask longformer = Mask().window(64, 64).global_tokens(two_global_tokens());
+  const detail::ResolvedMask resolved(longformer, {1, 1, 1024, 1024});
+  const detail::BlockMap blocks(resolved, 64, 64, true, true);
+  EXPECT_EQ(blocks.key_rows(0, 0, 5, 10).first, 700 - 640);  // beside the band: key 700 alone
+  EXPECT_EQ(blocks.key_rows(0, 0, 5, 10).end, 700 - 640 + 1);
+  EXPECT_EQ(blocks.key_rows(0, 0, 5, 12).end, 0);   // no key at all
+  EXPECT_EQ(blocks.key_rows(0, 0, 5, 5).end, 64);   // inside the band: all of it
+  EXPECT_EQ(blocks.key_rows(0, 0, 5, 3).first, 0);  // the band's near edge, from 256
+  EXPECT_EQ(blocks.key_rows(0, 0, 10, 2).end, 64);  // tile 10 holds global query 700
+  // Another component (a chunk) keeps the whole tile: not known in O(log L).
+  const Mask chunk = Mask().window(64, 64).chunk(512).global_tokens(two_global_tokens());
+  const detail::ResolvedMask chunked(chunk, {1, 1, 1024, 1024});  // keeps a reference to `chunk`
+  EXPECT_EQ(detail::BlockMap(chunked, 64, 64).key_rows(0, 0, 5, 10).first, 0);
+}
+
 TEST(BlockMap, CausalSkipsTheUpperTriangle) {
   const Array<uint8_t> map = block_map(Mask().causal(), {1, 1, 256, 256});
   const std::vector<uint8_t> expected = {1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1};

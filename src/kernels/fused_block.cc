@@ -306,43 +306,70 @@ const uint64_t* TileKeepBits(const Context& c, const Block& blk, int64_t j0, Scr
   return scratch.keep;
 }
 
+// The rows of a partial tile that the mask, the scores and P·V need look at: BlockMap::key_rows
+// narrows a tile beside the windows' band to its global keys (with spread global tokens a block
+// meets a dozen such tiles of one key each, and building, scoring and scanning 64 rows for that
+// one had cost a tile of the band about a quarter of its time each). Taken only where the tile
+// runs on its active rows anyway (the f32 unit, no modifiers or dropout) and the rows left out
+// are at least half of it, so that the tile still runs on its active rows: rows outside
+// [first, end) hold no allowed pair, so they are outside every lane block's active rows and the
+// same arithmetic runs on the same rows either way, in the same order: the same bits.
+struct VisitedRows {
+  int64_t first = 0, count = 0;
+};
+VisitedRows RowsToVisit(const Context& c, const Block& blk, int64_t k_tile, int64_t rows) {
+  const Problem& p = *c.problem;
+  if (!c.unit->active_rows || !c.skip_hidden_rows || c.score_mods || p.dropout.on) {
+    return {0, rows};
+  }
+  const BlockMap::TileRange keys = c.blocks->key_rows(blk.b, blk.h, blk.q_first / kTileQ, k_tile);
+  const int64_t count = std::max<int64_t>(keys.end - keys.first, 1);  // ≥ 1 row to build
+  if (2 * count > rows) return {0, rows};
+  return {std::min(keys.first, rows - count), count};
+}
+
 // One key tile of a block: scores, modifiers, mask, one online-softmax step, O += P·V. A partial
 // tile whose allowed pairs leave lane blocks empty on some rows (tile_products-inl.h) runs on the
 // active rows alone when that saves at least a quarter of the work (units with `active_rows`), and
-// so does a full tile of a block with whole lane blocks of no query.
+// so does a full tile of a block with whole lane blocks of no query. Of a partial tile, only the
+// rows RowsToVisit keeps are built, scored and summed ([j, j + n) below).
 void AttendTile(const Context& c, const Block& blk, int64_t k_tile, TileKind kind,
                 Scratch& scratch) {
   const Problem& p = *c.problem;
   const int64_t g = p.kv_head(blk.h);
   const int64_t j0 = k_tile * kTileK;
   const int64_t rows = std::min(kTileK, blk.k_end - j0);
+  const VisitedRows visit =
+      kind == TileKind::partial ? RowsToVisit(c, blk, k_tile, rows) : VisitedRows{0, rows};
+  const int64_t j = j0 + visit.first, n = visit.count;
   const uint64_t* allowed = nullptr;
   ActiveRows active_rows;
   const ActiveRows* active = nullptr;
   if (kind == TileKind::partial) {
-    c.tile_masks->build(blk.b, blk.h, blk.q_first, blk.q_count, j0, rows, scratch.allowed);
+    c.tile_masks->build(blk.b, blk.h, blk.q_first, blk.q_count, j, n, scratch.allowed);
     allowed = scratch.allowed;
     if (c.unit->active_rows && c.skip_hidden_rows) {
-      active_rows = FindActiveRows(allowed, rows);
+      active_rows = FindActiveRows(allowed, n);
       if (4 * active_rows.rows <= 3 * kLaneBlocks * rows) active = &active_rows;
     }
   } else if (blk.q_count <= kTileQ - kLaneBlock && c.unit->active_rows && c.skip_hidden_rows) {
     active_rows = LeadingLaneBlocks(blk.q_count, rows);  // lane blocks with no query left out
     active = &active_rows;
   }
-  c.unit->scores(c, blk, g, j0, rows, active, scratch);
+  c.unit->scores(c, blk, g, j, n, active, scratch);
   if (c.score_mods) {
     const bool additive = p.mask->has_additive() && kind == TileKind::partial;
-    TileScoreMods(c, blk, j0, rows, allowed, additive, scratch.s);
+    TileScoreMods(c, blk, j, n, allowed, additive, scratch.s);
   }
-  if (allowed != nullptr)
-    ApplyMask(allowed, active != nullptr ? *active : AllRows(rows), scratch.s);
-  SoftmaxStepColumns<kTileQ>(scratch.s, rows, scratch.row_max, scratch.row_sum, scratch.alpha,
+  if (allowed != nullptr) ApplyMask(allowed, active != nullptr ? *active : AllRows(n), scratch.s);
+  SoftmaxStepColumns<kTileQ>(scratch.s, n, scratch.row_max, scratch.row_sum, scratch.alpha,
                              scratch.poisoned, active != nullptr ? active->first : nullptr,
                              active != nullptr ? active->end : nullptr, kLaneBlock,
-                             TileKeepBits(c, blk, j0, scratch));
+                             TileKeepBits(c, blk, j, scratch));
+  // The whole tile's finiteness, as a tile visited whole would see it (the guarded product's
+  // rounding differs from the FMA's, so this decides bits).
   const bool finite = ValueTileFinite(c, blk.b, g, k_tile, j0, rows, scratch.v);
-  TileOutput(c, blk, g, j0, rows, finite, active, scratch);
+  TileOutput(c, blk, g, j, n, finite, active, scratch);
 }
 
 // The block's first non-empty key tile in [from, end) (`end` when there is none), and its kind.

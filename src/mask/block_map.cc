@@ -457,6 +457,38 @@ int64_t BlockMap::next_global_candidate(int64_t b, int64_t h, int64_t q_tile,
   return std::min(next, k_tiles_);
 }
 
+BlockMap::TileRange BlockMap::key_rows(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const {
+  const int64_t k_first = this->k_first(k_tile), k_end = this->k_end(k_tile);
+  const TileRange whole = {0, k_end - k_first};
+  if (!skipping_ || !global_queries_see_every_key(mask_)) return whole;
+  // Keys [lo, hi] (global rows): inside every window for some query of the tile...
+  Range keys = window_band(b, h, q_tile, {k_first, k_end - 1});
+  const MaskShape& shape = mask_.global_shape();
+  for (const GlobalCounts& counts : global_counts_) {
+    if (!counts.global->heads.contains(h)) continue;
+    const int64_t q_row = ResolvedMask::global_row(counts.global->query_ids, b);
+    const int64_t* queries = counts.queries.data() + q_row * (shape.q_len + 1);
+    if (queries[q_end(q_tile)] > queries[q_first(q_tile)]) return whole;
+    // ...or from the first to the last global key of the tile: in the non-decreasing prefix
+    // counts, the first count above keys[k_first] ends at the first one, and the first count equal
+    // to keys[k_end] ends just past the last one.
+    const int64_t k_row = ResolvedMask::global_row(counts.global->key_ids, b);
+    const int64_t* prefix = counts.keys.data() + k_row * (shape.k_len + 1);
+    if (prefix[k_end] == prefix[k_first]) continue;
+    const int64_t first =
+        std::upper_bound(prefix + k_first + 1, prefix + k_end + 1, prefix[k_first]) - prefix - 1;
+    const int64_t last =
+        std::lower_bound(prefix + k_first + 1, prefix + k_end + 1, prefix[k_end]) - prefix - 1;
+    const bool none_yet = keys.hi < keys.lo;
+    keys.lo = none_yet ? first : std::min(keys.lo, first);
+    keys.hi = none_yet ? last : std::max(keys.hi, last);
+  }
+  keys.lo = std::max(keys.lo, k_first);
+  keys.hi = std::min(keys.hi, k_end - 1);
+  if (keys.hi < keys.lo) return {0, 0};
+  return {keys.lo - k_first, keys.hi - k_first + 1};
+}
+
 TileKind BlockMap::kind(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const {
   if (!skipping_) return TileKind::partial;
   const MaskShape& shape = mask_.global_shape();

@@ -65,6 +65,14 @@ class BlockMap {
   // tile in between, which for Longformer's global keys or BigBird's layout is most of the row.
   int64_t next_candidate(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const;
 
+  // Key rows [first, end) of the tile, counted from its first key, outside which no query of the
+  // query tile may see a key; the whole tile when that is not known in O(log L). Known for masks of
+  // windows and global tokens only (global_queries_see_every_key): the windows' band widened to
+  // the tile's first and last global key, or the whole tile when the query tile holds a global
+  // query (its row sees every key, whether or not the kernel computes it apart). A tile beside the
+  // band holding one global key is one row, which is all a kernel then needs to mask and score.
+  TileRange key_rows(int64_t b, int64_t h, int64_t q_tile, int64_t k_tile) const;
+
   struct Range {
     int64_t lo, hi;  // inclusive
   };
