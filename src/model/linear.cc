@@ -37,10 +37,11 @@ void linear_forward_per_row(const float* x, int64_t rows, int64_t in, const floa
 }
 
 void linear_backward(const float* x, const float* dy, int64_t rows, int64_t in, int64_t out,
-                     const float* w, float* dx, float* dw, float* db, int threads) {
+                     const float* w, float* dx, float* dw, float* db, int threads,
+                     bool accumulate_dx) {
   using detail::Layout;
-  detail::gemm(Layout::as_stored, Layout::as_stored, rows, in, out, dy, out, w, in, dx, in, false,
-               threads);
+  detail::gemm(Layout::as_stored, Layout::as_stored, rows, in, out, dy, out, w, in, dx, in,
+               accumulate_dx, threads);
   detail::gemm(Layout::transposed, Layout::as_stored, out, in, rows, dy, out, x, in, dw, in, true,
                threads);
   for (int64_t r = 0; r < rows; ++r) {

@@ -22,8 +22,10 @@ void linear_forward(const float* x, int64_t rows, int64_t in, const float* w, co
 void linear_forward_per_row(const float* x, int64_t rows, int64_t in, const float* wt,
                             const float* b, int64_t out, float* y, int threads);
 
-// For y = x·Wᵀ + b: dx = dy·W (overwritten), dW += dyᵀ·x, db += Σ_rows dy (in row order).
+// For y = x·Wᵀ + b: dx = dy·W (overwritten, or added to with `accumulate_dx`), dW += dyᵀ·x,
+// db += Σ_rows dy (in row order).
 void linear_backward(const float* x, const float* dy, int64_t rows, int64_t in, int64_t out,
-                     const float* w, float* dx, float* dw, float* db, int threads);
+                     const float* w, float* dx, float* dw, float* db, int threads,
+                     bool accumulate_dx = false);
 
 }  // namespace maskattn::model

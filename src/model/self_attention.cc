@@ -2,7 +2,7 @@
 
 #include <initializer_list>
 
-#include "kernels/gemm.h"
+#include "layer/projection.h"
 #include "maskattn/attention.h"
 #include "model/linear.h"
 
@@ -10,19 +10,12 @@ namespace maskattn::model {
 
 namespace {
 
-using detail::gemm;
-using detail::Layout;
-
-// [B·L, width] rows, `row_stride` apart, seen as [B, H, L, width/H]: the head split by strides.
-TensorView heads_of(const float* data, const SelfAttentionShape& s, int64_t row_stride) {
-  const int64_t d = s.head_dim();
-  return TensorView(data, DType::f32, {s.batch, s.heads, s.length, d},
-                    {s.length * row_stride, d, row_stride, 1});
+// [B·L, E] f32 rows seen as [B, H, L, D] (layer/projection.h's head split by strides).
+TensorView heads_of(const float* data, const SelfAttentionShape& s) {
+  return detail::heads_view(data, DType::f32, s.batch, s.length, s.heads, s.head_dim());
 }
 MutableTensorView mutable_heads_of(float* data, const SelfAttentionShape& s) {
-  const int64_t d = s.head_dim();
-  return MutableTensorView(data, DType::f32, {s.batch, s.heads, s.length, d},
-                           {s.length * s.embed, d, s.embed, 1});
+  return detail::mutable_heads_view(data, DType::f32, s.batch, s.length, s.heads, s.head_dim());
 }
 
 Options attention_options(int threads) {
@@ -31,29 +24,17 @@ Options attention_options(int threads) {
   return options;
 }
 
-// c_attn's backward for one of Q, K, V (`part` 0, 1, 2: its row block of W_attn and b_attn):
-// dx (+)= dP·W_part, dW_part += dPᵀ·x, db_part += Σ_rows dP (in row order).
-void qkv_part_backward(const float* x, const float* dpart, const SelfAttentionShape& s, int part,
-                       const SelfAttentionWeights<const float>& weights,
-                       const SelfAttentionWeights<float>& grads, float* dx, int threads) {
-  const int64_t rows = s.rows(), e = s.embed;
-  const float* w = weights.attn_weight + part * e * e;
-  gemm(Layout::as_stored, Layout::as_stored, rows, e, e, dpart, e, w, e, dx, e, part > 0, threads);
-  gemm(Layout::transposed, Layout::as_stored, e, e, rows, dpart, e, x, e,
-       grads.attn_weight + part * e * e, e, true, threads);
-  float* db = grads.attn_bias + part * e;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t n = 0; n < e; ++n) db[n] += dpart[r * e + n];
-  }
-}
-
 }  // namespace
 
 QkvViews qkv_views(const SelfAttentionState& state, const SelfAttentionShape& shape) {
-  const int64_t e = shape.embed;
+  // Each token's row holds Q, K and V side by side: rows 3E apart, one head every D values.
+  const int64_t e = shape.embed, d = shape.head_dim();
+  const Dims sizes = {shape.batch, shape.heads, shape.length, d};
+  const Dims strides = {shape.length * 3 * e, d, 3 * e, 1};
   const float* qkv = state.qkv.data();
-  return {heads_of(qkv, shape, 3 * e), heads_of(qkv + e, shape, 3 * e),
-          heads_of(qkv + 2 * e, shape, 3 * e)};
+  return {TensorView(qkv, DType::f32, sizes, strides),
+          TensorView(qkv + e, DType::f32, sizes, strides),
+          TensorView(qkv + 2 * e, DType::f32, sizes, strides)};
 }
 
 void self_attention_forward(const float* x, const SelfAttentionShape& shape,
@@ -85,16 +66,20 @@ void self_attention_backward(const float* x, const float* dy, const SelfAttentio
   linear_backward(state.heads.data(), dy, rows, e, e, weights.proj_weight, scratch.dheads.data(),
                   grads.proj_weight, grads.proj_bias, threads);
   const QkvViews qkv = qkv_views(state, shape);
-  attention_backward(qkv.q, qkv.k, qkv.v, heads_of(state.heads.data(), shape, e),
+  attention_backward(qkv.q, qkv.k, qkv.v, heads_of(state.heads.data(), shape),
                      TensorView(state.lse.data(), {shape.batch, shape.heads, shape.length}),
-                     heads_of(scratch.dheads.data(), shape, e),
+                     heads_of(scratch.dheads.data(), shape),
                      Gradients(mutable_heads_of(scratch.dq.data(), shape),
                                mutable_heads_of(scratch.dk.data(), shape),
                                mutable_heads_of(scratch.dv.data(), shape)),
                      mask, {}, attention_options(threads));
-  qkv_part_backward(x, scratch.dq.data(), shape, 0, weights, grads, dx, threads);
-  qkv_part_backward(x, scratch.dk.data(), shape, 1, weights, grads, dx, threads);
-  qkv_part_backward(x, scratch.dv.data(), shape, 2, weights, grads, dx, threads);
+  // c_attn's backward, one row block of W_attn and b_attn (Q, K, V) at a time: dx sums the three.
+  const float* parts[3] = {scratch.dq.data(), scratch.dk.data(), scratch.dv.data()};
+  for (int part = 0; part < 3; ++part) {
+    linear_backward(x, parts[part], rows, e, e, weights.attn_weight + part * e * e, dx,
+                    grads.attn_weight + part * e * e, grads.attn_bias + part * e, threads,
+                    part > 0);
+  }
 }
 
 }  // namespace maskattn::model
