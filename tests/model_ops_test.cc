@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 
+#include "kernels/gemm.h"
 #include "maskattn/model/cross_entropy.h"
 #include "maskattn/model/optimizer.h"
 #include "model/gelu.h"
@@ -112,7 +113,8 @@ TEST(Linear, ForwardAndBackwardMatchF64AndGiveTheSameBitsForAnyThreadCount) {
   const std::vector<float> x = random_values(rows * in, 31), w = random_values(out * in, 32);
   const std::vector<float> b = random_values(out, 33), dy = random_values(rows * out, 34);
   const std::vector<float> dw_start = random_values(out * in, 35);
-  std::vector<std::vector<float>> ys, dxs, dws;
+  const std::vector<float> residual = random_values(rows * out, 36);
+  std::vector<std::vector<float>> ys, dxs, dws, dbs;
   const int caller_threads = omp_get_max_threads();
   for (const int threads : {1, 2, 3}) {
     std::vector<float> y(rows * out), dx(rows * in), dw = dw_start, db(out, 0.0f);
@@ -121,14 +123,28 @@ TEST(Linear, ForwardAndBackwardMatchF64AndGiveTheSameBitsForAnyThreadCount) {
                            db.data(), threads);
     // oneDNN is pinned to one thread per block inside gemm's own region, not in the caller's.
     EXPECT_EQ(omp_get_max_threads(), caller_threads) << threads;
+    // A residual is added to the finished y + b: the same bits as adding it afterwards.
+    std::vector<float> with_residual(rows * out);
+    model::linear_forward(x.data(), rows, in, w.data(), b.data(), out, with_residual.data(),
+                          threads, residual.data());
+    for (int64_t n = 0; n < rows * out; ++n) {
+      ASSERT_EQ(with_residual[n], y[n] + residual[n]) << "threads " << threads << ", " << n;
+    }
     ys.push_back(y);
     dxs.push_back(dx);
     dws.push_back(dw);
+    dbs.push_back(db);
   }
   for (size_t t = 1; t < ys.size(); ++t) {
     EXPECT_EQ(ys[t], ys[0]) << "forward, thread count #" << t;
     EXPECT_EQ(dxs[t], dxs[0]) << "dx, thread count #" << t;
     EXPECT_EQ(dws[t], dws[0]) << "dW (accumulated), thread count #" << t;
+    EXPECT_EQ(dbs[t], dbs[0]) << "db, thread count #" << t;
+  }
+  for (int64_t o = 0; o < out; ++o) {  // db: each column of dy summed in row order
+    float expect = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) expect += dy[r * out + o];
+    ASSERT_EQ(dbs[0][o], expect) << o;
   }
   for (int64_t r = 0; r < rows; r += 7) {
     for (int64_t o = 0; o < out; o += 5) {
@@ -148,6 +164,77 @@ TEST(Linear, ForwardAndBackwardMatchF64AndGiveTheSameBitsForAnyThreadCount) {
       for (int64_t r = 0; r < rows; ++r) sum += double{dy[r * out + o]} * x[r * in + i];
       EXPECT_NEAR(dws[0][o * in + i], sum, 1e-5 * (1 + std::fabs(sum))) << o << " " << i;
     }
+  }
+}
+
+// The shapes of the default model's backward (1024 rows of width 128 and 512) are where the
+// parameter sums and the epilogue split across threads; these are large enough to split too.
+TEST(LayerNorm, ParameterSumsAndAccumulatedDxGiveTheSameBitsForAnyThreadCount) {
+  const int64_t rows = 300, width = 256;  // 8 column ranges, over the parallel threshold
+  const std::vector<float> x = random_values(rows * width, 51), gamma = random_values(width, 52),
+                           dy = random_values(rows * width, 53),
+                           dx_start = random_values(rows * width, 54);
+  std::vector<float> mean(rows), rstd(rows), y(rows * width);
+  model::layer_norm_forward(x.data(), rows, width, gamma.data(), gamma.data(), 1e-5f, y.data(),
+                            mean.data(), rstd.data(), 1);
+  std::vector<std::vector<float>> results;
+  for (const int threads : {1, 2, 3}) {
+    std::vector<float> dx(rows * width), added = dx_start, dgamma(width, 0.5f), dbeta(width, 0.25f);
+    model::layer_norm_backward(x.data(), dy.data(), rows, width, gamma.data(), mean.data(),
+                               rstd.data(), dx.data(), dgamma.data(), dbeta.data(), threads);
+    std::vector<float> ignored(width, 0.0f);
+    model::layer_norm_backward(x.data(), dy.data(), rows, width, gamma.data(), mean.data(),
+                               rstd.data(), added.data(), ignored.data(), ignored.data(), threads,
+                               true);
+    // Accumulating is adding the overwritten result, element by element: the same bits.
+    for (int64_t n = 0; n < rows * width; ++n) {
+      ASSERT_EQ(added[n], dx_start[n] + dx[n]) << "threads " << threads << ", element " << n;
+    }
+    for (int64_t n = 0; n < width; ++n) {  // dβ: the column sum of dy, in row order
+      float expect = 0.25f;
+      for (int64_t r = 0; r < rows; ++r) expect += dy[r * width + n];
+      ASSERT_EQ(dbeta[n], expect) << "threads " << threads << ", column " << n;
+    }
+    dx.insert(dx.end(), dgamma.begin(), dgamma.end());
+    results.push_back(dx);
+  }
+  EXPECT_EQ(results[1], results[0]);
+  EXPECT_EQ(results[2], results[0]);
+}
+
+// The epilogue adds the bias, then the residual, to each finished element: exactly the adds run
+// afterwards over the whole output, whatever the thread count, the blocks, or `accumulate`.
+TEST(Gemm, EpilogueIsTheBiasThenTheResidualAddedAfterwards) {
+  using detail::Layout;
+  const int64_t rows = 200, inner = 40, cols = 600;  // 4 × 2 blocks, partial ones at both edges
+  const std::vector<float> a = random_values(rows * inner, 61), b = random_values(inner * cols, 62);
+  const std::vector<float> bias = random_values(cols, 63),
+                           residual = random_values(rows * cols, 64);
+  const std::vector<float> c_start = random_values(rows * cols, 65);
+  for (const bool accumulate : {false, true}) {
+    std::vector<float> expected = c_start;
+    detail::gemm(Layout::as_stored, Layout::as_stored, rows, cols, inner, a.data(), inner, b.data(),
+                 cols, expected.data(), cols, accumulate, 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t n = 0; n < cols; ++n) {
+        expected[r * cols + n] += bias[n];
+        expected[r * cols + n] += residual[r * cols + n];
+      }
+    }
+    for (const int threads : {1, 2, 3}) {
+      std::vector<float> c = c_start;
+      detail::gemm(Layout::as_stored, Layout::as_stored, rows, cols, inner, a.data(), inner,
+                   b.data(), cols, c.data(), cols, accumulate, threads,
+                   {bias.data(), residual.data(), cols});
+      EXPECT_EQ(c, expected) << "accumulate " << accumulate << ", threads " << threads;
+    }
+  }
+  // An empty inner dimension: C = 0 (or C as it was), then the epilogue all the same.
+  std::vector<float> c = c_start;
+  detail::gemm(Layout::as_stored, Layout::as_stored, rows, cols, 0, a.data(), 1, b.data(), cols,
+               c.data(), cols, false, 2, {bias.data(), nullptr, 0});
+  for (int64_t r = 0; r < rows; r += 13) {
+    for (int64_t n = 0; n < cols; n += 7) ASSERT_EQ(c[r * cols + n], bias[n]) << r << " " << n;
   }
 }
 

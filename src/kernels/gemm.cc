@@ -30,16 +30,38 @@ dnnl_status_t block_product(Layout a_layout, Layout b_layout, int64_t rows, int6
                     c, ldc);
 }
 
+// The epilogue on the block [rows, cols] of C at `c` (its first row r0 of the whole product,
+// column n0): (C + bias) + residual, element by element.
+void apply_epilogue(const GemmEpilogue& epilogue, int64_t r0, int64_t n0, int64_t rows,
+                    int64_t cols, float* c, int64_t ldc) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = c + r * ldc;
+    if (epilogue.bias != nullptr) {
+      const float* bias = epilogue.bias + n0;
+      for (int64_t n = 0; n < cols; ++n) row[n] += bias[n];
+    }
+    if (epilogue.residual != nullptr) {
+      const float* residual = epilogue.residual + (r0 + r) * epilogue.ld_residual + n0;
+      for (int64_t n = 0; n < cols; ++n) row[n] += residual[n];
+    }
+  }
+}
+
+bool has_epilogue(const GemmEpilogue& epilogue) {
+  return epilogue.bias != nullptr || epilogue.residual != nullptr;
+}
+
 }  // namespace
 
 void gemm(Layout a_layout, Layout b_layout, int64_t rows, int64_t cols, int64_t inner,
           const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
-          bool accumulate, int threads) {
+          bool accumulate, int threads, const GemmEpilogue& epilogue) {
   if (rows <= 0 || cols <= 0) return;
   if (inner <= 0) {  // an empty sum: C is 0, or stays as it is
     if (!accumulate) {
       for (int64_t r = 0; r < rows; ++r) std::fill(c + r * ldc, c + r * ldc + cols, 0.0f);
     }
+    if (has_epilogue(epilogue)) apply_epilogue(epilogue, 0, 0, rows, cols, c, ldc);
     return;
   }
   const int64_t row_blocks = (rows + kBlockRows - 1) / kBlockRows;
@@ -61,10 +83,15 @@ void gemm(Layout a_layout, Layout b_layout, int64_t rows, int64_t cols, int64_t 
     // Row `first_row` of op(A) and column `first_col` of op(B), whichever way each is stored.
     const float* a_block = a_layout == Layout::transposed ? a + first_row : a + first_row * lda;
     const float* b_block = b_layout == Layout::transposed ? b + first_col * ldb : b + first_col;
+    const int64_t block_rows = std::min(kBlockRows, rows - first_row);
+    const int64_t block_cols = std::min(kBlockCols, cols - first_col);
+    float* c_block = c + first_row * ldc + first_col;
     const dnnl_status_t status =
-        block_product(a_layout, b_layout, std::min(kBlockRows, rows - first_row),
-                      std::min(kBlockCols, cols - first_col), inner, a_block, lda, b_block, ldb,
-                      c + first_row * ldc + first_col, ldc, accumulate);
+        block_product(a_layout, b_layout, block_rows, block_cols, inner, a_block, lda, b_block, ldb,
+                      c_block, ldc, accumulate);
+    if (status == dnnl_success && has_epilogue(epilogue)) {
+      apply_epilogue(epilogue, first_row, first_col, block_rows, block_cols, c_block, ldc);
+    }
     if (status != dnnl_success) {
 #pragma omp atomic write
       failure = status;

@@ -27,12 +27,25 @@ namespace maskattn::detail {
 // Whether an operand is used as stored or transposed.
 enum class Layout : uint8_t { as_stored, transposed };
 
+// What is added to each element of the product once it is complete, in this order:
+// C[r][n] = (C[r][n] + bias[n]) + residual[r·ld_residual + n]; a null pointer adds nothing. It
+// runs on the block of C just computed, by the thread that computed it, while the block is in its
+// cache: a layer's bias and residual adds, run afterwards over the whole output on one thread, had
+// cost the GPT's training step about 1 ms with the other thread idle. The sums and their order are
+// those of adding afterwards, so are the bits.
+struct GemmEpilogue {
+  const float* bias = nullptr;      // [cols]
+  const float* residual = nullptr;  // [rows, ld_residual]
+  int64_t ld_residual = 0;
+};
+
 // C [rows, cols] (+)= op(A) [rows, inner] · op(B) [inner, cols], all row-major with leading
 // dimensions lda, ldb, ldc (elements between consecutive stored rows). op(A) = A, or Aᵀ for
 // Layout::transposed (then A is stored [inner, rows]); likewise B. With `accumulate` false C is
-// overwritten; with it true the product is added to C. `threads` = 0 uses OpenMP's default.
+// overwritten; with it true the product is added to C. `threads` = 0 uses OpenMP's default. The
+// epilogue's adds follow (on C as a whole when accumulating: its old value plus the product).
 void gemm(Layout a_layout, Layout b_layout, int64_t rows, int64_t cols, int64_t inner,
           const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
-          bool accumulate, int threads);
+          bool accumulate, int threads, const GemmEpilogue& epilogue = {});
 
 }  // namespace maskattn::detail

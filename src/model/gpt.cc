@@ -17,8 +17,51 @@ namespace maskattn::model {
 
 namespace {
 
-void add_into(float* into, const float* values, int64_t count) {
-  for (int64_t n = 0; n < count; ++n) into[n] += values[n];
+// The embedding rows of a batch: x[r] = wte[token r] + wpe[position r], the rows shared out.
+void embed(const float* wte, const float* wpe, const GptBatch& batch, int64_t width, float* x,
+           int threads) {
+  const int64_t rows = batch.batch * batch.length;
+#pragma omp parallel for schedule(static) \
+    num_threads(threads > 0 ? threads : 1) if (threads != 1 && rows * width >= 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* token = wte + batch.tokens[r] * width;
+    const float* position = wpe + (r % batch.length) * width;
+    for (int64_t n = 0; n < width; ++n) x[r * width + n] = token[n] + position[n];
+  }
+}
+
+// The embeddings' backward: dwte[token r] += dx[r] and dwpe[position r] += dx[r] for r in row
+// order (rows sharing a token or a position add in that order, whatever the thread count: the
+// threads take ranges of columns, not of rows).
+void embed_backward(const float* dx, const GptBatch& batch, int64_t width, float* dwte, float* dwpe,
+                    int threads) {
+  const int64_t rows = batch.batch * batch.length;
+  constexpr int64_t kColumns = 32;  // a range: whole cache lines of every row
+  const int64_t ranges = (width + kColumns - 1) / kColumns;
+#pragma omp parallel for schedule(static) num_threads( \
+    threads > 0 ? threads : 1) if (threads != 1 && ranges > 1 && rows * width >= 65536)
+  for (int64_t range = 0; range < ranges; ++range) {
+    const int64_t first = range * kColumns, end = std::min(width, first + kColumns);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = dx + r * width;
+      float* token = dwte + batch.tokens[r] * width;
+      float* position = dwpe + (r % batch.length) * width;
+      for (int64_t n = first; n < end; ++n) token[n] += row[n];
+      for (int64_t n = first; n < end; ++n) position[n] += row[n];
+    }
+  }
+}
+
+// grads = 0, the threads taking halves (a serial fill of the default model's 3 MB had kept the
+// other thread waiting).
+void zero(float* data, int64_t count, int threads) {
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  const int64_t chunks = (count + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) \
+    num_threads(threads > 0 ? threads : 1) if (threads != 1 && chunks > 1)
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    std::fill(data + chunk * kChunk, data + std::min(count, (chunk + 1) * kChunk), 0.0f);
+  }
 }
 
 // Where block `o`'s attention parameters (or their gradients) are in the flat array `base`.
@@ -123,11 +166,7 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
   const float* wte = params + parameters_.wte();
   const float* wpe = params + parameters_.wpe();
   residual_.resize(rows * E);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* token = wte + batch.tokens[r] * E;
-    const float* position = wpe + (r % batch.length) * E;
-    for (int64_t n = 0; n < E; ++n) residual_[r * E + n] = token[n] + position[n];
-  }
+  embed(wte, wpe, batch, E, residual_.data(), threads);
   charge(&GptTimings::embedding_head_loss);
   // y = LayerNorm(x) with the weight and bias at these offsets, its statistics kept.
   const auto layer_norm = [&](const std::vector<float>& x, int64_t weight, int64_t bias,
@@ -146,12 +185,13 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
   for (int64_t l = 0; l < config.layers; ++l) {
     const BlockOffsets& o = parameters_.block(l);
     GptBlockState& s = blocks_[l];
-    s.x_in = residual_;
+    // The block's input is kept for the backward; the stream's buffer takes the block's output.
+    std::swap(s.x_in, residual_);
+    residual_.resize(rows * E);
     layer_norm(s.x_in, o.ln_1_weight, o.ln_1_bias, s.ln_1, s.ln_1_mean, s.ln_1_rstd);
     s.x_mid.resize(rows * E);
     self_attention_forward(s.ln_1.data(), attention_shape, attention_parameters(params, o), mask_,
-                           s.x_mid.data(), s.attention, threads);
-    add_into(s.x_mid.data(), s.x_in.data(), rows * E);
+                           s.x_mid.data(), s.attention, threads, s.x_in.data());
     charge(&GptTimings::attention);
     // MLP.
     layer_norm(s.x_mid, o.ln_2_weight, o.ln_2_bias, s.ln_2, s.ln_2_mean, s.ln_2_rstd);
@@ -161,8 +201,7 @@ void Gpt::forward(const float* params, const GptBatch& batch, int threads) {
                    s.fc.data(), threads);
     gelu_forward(s.fc.data(), rows * H4, s.act.data(), threads);
     linear_forward(s.act.data(), rows, H4, params + o.mlp_proj_weight, params + o.mlp_proj_bias, E,
-                   residual_.data(), threads);
-    add_into(residual_.data(), s.x_mid.data(), rows * E);
+                   residual_.data(), threads, s.x_mid.data());
     charge(&GptTimings::mlp);
   }
   layer_norm(residual_, parameters_.ln_f_weight(), parameters_.ln_f_bias(), ln_f_, ln_f_mean_,
@@ -179,7 +218,7 @@ void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int
   const GptConfig& config = parameters_.config();
   const int64_t E = config.d_model, H4 = config.hidden(), V = config.vocab;
   const int64_t rows = batch.batch * batch.length;
-  std::fill(grads, grads + parameters_.count(), 0.0f);
+  zero(grads, parameters_.count(), threads);
   const float* wte = params + parameters_.wte();
   float* dwte = grads + parameters_.wte();
   // The LM head (tied): dln_f = dlogits·wte, dwte += dlogitsᵀ·ln_f.
@@ -198,15 +237,13 @@ void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int
                       grads + parameters_.ln_f_bias(), threads);
   charge(&GptTimings::layer_norm);
   const SelfAttentionShape attention_shape{batch.batch, batch.length, config.heads, E};
-  scratch_b_.resize(rows * E);
   scratch_h_.resize(rows * H4);
   // A block's residual branch starts with a LayerNorm of x: dx += its backward of dy.
   const auto add_layer_norm_backward =
       [&](const std::vector<float>& x, const float* dy, int64_t weight, int64_t bias,
           const std::vector<float>& mean, const std::vector<float>& rstd) {
         layer_norm_backward(x.data(), dy, rows, E, params + weight, mean.data(), rstd.data(),
-                            scratch_b_.data(), grads + weight, grads + bias, threads);
-        add_into(dx_.data(), scratch_b_.data(), rows * E);
+                            dx_.data(), grads + weight, grads + bias, threads, true);
         charge(&GptTimings::layer_norm);
       };
   for (int64_t l = config.layers - 1; l >= 0; --l) {
@@ -231,10 +268,7 @@ void Gpt::backward(const float* params, const GptBatch& batch, float* grads, int
   }
   // The embeddings, in row order.
   float* dwpe = grads + parameters_.wpe();
-  for (int64_t r = 0; r < rows; ++r) {
-    add_into(dwte + batch.tokens[r] * E, dx_.data() + r * E, E);
-    add_into(dwpe + (r % batch.length) * E, dx_.data() + r * E, E);
-  }
+  embed_backward(dx_.data(), batch, E, dwte, dwpe, threads);
   charge(&GptTimings::embedding_head_loss);
 }
 

@@ -22,9 +22,10 @@ void layer_norm_forward(const float* x, int64_t rows, int64_t width, const float
                         const float* beta, float eps, float* y, float* mean, float* rstd,
                         int threads);
 
-// dx [rows, width] (overwritten); dgamma and dbeta [width] are accumulated into (+=).
+// dx [rows, width] (overwritten, or added to with `accumulate_dx`: a residual branch's gradient
+// joining the stream's); dgamma and dbeta [width] are accumulated into (+=).
 void layer_norm_backward(const float* x, const float* dy, int64_t rows, int64_t width,
                          const float* gamma, const float* mean, const float* rstd, float* dx,
-                         float* dgamma, float* dbeta, int threads);
+                         float* dgamma, float* dbeta, int threads, bool accumulate_dx = false);
 
 }  // namespace maskattn::model

@@ -13,9 +13,11 @@ namespace maskattn::model {
 // out [cols, rows] = in [rows, cols] transposed.
 void transpose(const float* in, int64_t rows, int64_t cols, std::vector<float>& out);
 
-// y [rows, out] = x [rows, in] · Wᵀ + b, given W [out, in] (kernels/gemm.h).
+// y [rows, out] = x [rows, in] · Wᵀ + b, given W [out, in] (kernels/gemm.h); with `residual`
+// [rows, out], y = (x·Wᵀ + b) + residual (a block's residual connection, added in the product's
+// epilogue; y may not alias it).
 void linear_forward(const float* x, int64_t rows, int64_t in, const float* w, const float* b,
-                    int64_t out, float* y, int threads);
+                    int64_t out, float* y, int threads, const float* residual = nullptr);
 
 // The same on kernels/matmul.h, given wt = Wᵀ [in, out]: each row's bits do not depend on the
 // other rows (the decoders' path).

@@ -39,7 +39,8 @@ QkvViews qkv_views(const SelfAttentionState& state, const SelfAttentionShape& sh
 
 void self_attention_forward(const float* x, const SelfAttentionShape& shape,
                             const SelfAttentionWeights<const float>& weights, const Mask& mask,
-                            float* y, SelfAttentionState& state, int threads) {
+                            float* y, SelfAttentionState& state, int threads,
+                            const float* residual) {
   const int64_t rows = shape.rows(), e = shape.embed;
   state.qkv.resize(rows * 3 * e);
   state.heads.resize(rows * e);
@@ -50,8 +51,8 @@ void self_attention_forward(const float* x, const SelfAttentionShape& shape,
   attention(qkv.q, qkv.k, qkv.v, mutable_heads_of(state.heads.data(), shape), mask, {},
             attention_options(threads),
             MutableTensorView(state.lse.data(), {shape.batch, shape.heads, shape.length}));
-  linear_forward(state.heads.data(), rows, e, weights.proj_weight, weights.proj_bias, e, y,
-                 threads);
+  linear_forward(state.heads.data(), rows, e, weights.proj_weight, weights.proj_bias, e, y, threads,
+                 residual);
 }
 
 void self_attention_backward(const float* x, const float* dy, const SelfAttentionShape& shape,

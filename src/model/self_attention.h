@@ -48,9 +48,12 @@ struct SelfAttentionWeights {
 QkvViews qkv_views(const SelfAttentionState& state, const SelfAttentionShape& shape);
 
 // y [rows, E] (overwritten) from x [rows, E]; `state` is resized and filled for the backward.
+// With `residual` [rows, E] (not aliasing y), y = residual + the sublayer's output (added in the
+// output projection's epilogue).
 void self_attention_forward(const float* x, const SelfAttentionShape& shape,
                             const SelfAttentionWeights<const float>& weights, const Mask& mask,
-                            float* y, SelfAttentionState& state, int threads);
+                            float* y, SelfAttentionState& state, int threads,
+                            const float* residual = nullptr);
 
 // dx [rows, E] (overwritten) from dy [rows, E]; the parameter gradients are accumulated (+=).
 void self_attention_backward(const float* x, const float* dy, const SelfAttentionShape& shape,

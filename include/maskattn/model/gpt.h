@@ -111,7 +111,7 @@ class Gpt {
   // Buffers kept across calls (sized on first use): no per-step allocation of activations.
   std::vector<GptBlockState> blocks_;
   std::vector<float> residual_, ln_f_, ln_f_mean_, ln_f_rstd_, logits_;
-  std::vector<float> dx_, scratch_a_, scratch_b_, scratch_h_;
+  std::vector<float> dx_, scratch_a_, scratch_h_;
   SelfAttentionScratch attention_scratch_;
   int64_t last_batch_ = 0, last_length_ = 0;
   Mask mask_;
