@@ -8,6 +8,7 @@
 
 #include "kernels/gemm.h"
 #include "maskattn/error.h"
+#include "model/column_ranges.h"
 #include "model/gelu.h"
 #include "model/layer_norm.h"
 #include "model/linear.h"
@@ -31,17 +32,11 @@ void embed(const float* wte, const float* wpe, const GptBatch& batch, int64_t wi
 }
 
 // The embeddings' backward: dwte[token r] += dx[r] and dwpe[position r] += dx[r] for r in row
-// order (rows sharing a token or a position add in that order, whatever the thread count: the
-// threads take ranges of columns, not of rows).
+// order (rows sharing a token or a position add in that order: model/column_ranges.h).
 void embed_backward(const float* dx, const GptBatch& batch, int64_t width, float* dwte, float* dwpe,
                     int threads) {
   const int64_t rows = batch.batch * batch.length;
-  constexpr int64_t kColumns = 32;  // a range: whole cache lines of every row
-  const int64_t ranges = (width + kColumns - 1) / kColumns;
-#pragma omp parallel for schedule(static) num_threads( \
-    threads > 0 ? threads : 1) if (threads != 1 && ranges > 1 && rows * width >= 65536)
-  for (int64_t range = 0; range < ranges; ++range) {
-    const int64_t first = range * kColumns, end = std::min(width, first + kColumns);
+  for_column_ranges(rows, width, threads, [&](int64_t first, int64_t end) {
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = dx + r * width;
       float* token = dwte + batch.tokens[r] * width;
@@ -49,7 +44,7 @@ void embed_backward(const float* dx, const GptBatch& batch, int64_t width, float
       for (int64_t n = first; n < end; ++n) token[n] += row[n];
       for (int64_t n = first; n < end; ++n) position[n] += row[n];
     }
-  }
+  });
 }
 
 // grads = 0, the threads taking halves (a serial fill of the default model's 3 MB had kept the
