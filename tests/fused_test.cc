@@ -395,6 +395,34 @@ TEST(FusedBitwise, StridedF32OutputGetsTheContiguousBits) {
   }
 }
 
+// The next block's queries are prefetched a line per step (prefetch_stream.h): every line of the
+// range once, from the line holding its first byte, then nothing.
+TEST(FusedPrefetch, StreamCoversEveryLineOfItsRangeOnceThenStops) {
+  alignas(64) static char buffer[64 * 40];
+  for (const int64_t offset : {0, 1, 63}) {
+    for (const int64_t bytes : {1, 64, 65, 16 * 64 + 3}) {
+      detail::fused::PrefetchStream stream;
+      stream.start(buffer + offset, bytes);
+      std::vector<const char*> lines;
+      while (!stream.done()) {
+        lines.push_back(stream.at);
+        stream.step();
+      }
+      const int64_t expected = (offset + bytes + 63) / 64;  // lines meeting [offset, offset+bytes)
+      ASSERT_EQ(static_cast<int64_t>(lines.size()), expected) << offset << " " << bytes;
+      for (size_t n = 0; n < lines.size(); ++n) EXPECT_EQ(lines[n], buffer + 64 * n);
+      const char* at = stream.at;
+      detail::fused::PrefetchStep(&stream, 3);  // past the end: no further line
+      EXPECT_EQ(stream.at, at);
+    }
+  }
+  detail::fused::PrefetchStream stopped;
+  stopped.start(buffer, 640);
+  stopped.stop();
+  EXPECT_TRUE(stopped.done());
+  detail::fused::PrefetchStep(nullptr, 2);  // no stream: nothing to do
+}
+
 TEST(FusedExp, WithinThreeTenthsOfAMillionthOverTheSoftmaxRange) {
   // Every argument the online softmax can produce: (−∞, 0], densely near 0 and across the range
   // where results are normal floats; −inf must give exactly 0.

@@ -140,6 +140,18 @@ void PrefetchKeyTile(const Context& c, const Block& blk, int64_t k_tile) {
   PrefetchRows(RowsOf(p.v, blk.b, g, j0, rows, p.value_dim));
 }
 
+// The queries of the block after `blk` (the same head's next 64 rows), for the f32 products to
+// prefetch while `blk` runs (prefetch_stream.h); none where its rows are not one contiguous range.
+void StartNextQueries(const Context& c, const Block& blk, PrefetchStream& stream) {
+  const Problem& p = *c.problem;
+  stream.stop();
+  const int64_t next = blk.q_first + kTileQ;
+  if (p.q.stride(3) != 1 || next >= p.q_len) return;
+  const RowSpan rows =
+      RowsOf(p.q, blk.b, blk.h, next, std::min(kTileQ, p.q_len - next), p.head_dim);
+  if (rows.stride == rows.bytes) stream.start(rows.first, rows.count * rows.bytes);
+}
+
 // ---- tile kernel: mask, finalisation, the loop -------------------------------------------------
 
 // For tests: out[n] = exp(in[n]) through the kernel's exp (count a multiple of 64).
@@ -403,6 +415,7 @@ BlockWalk BeginBlock(const Context& c, const Block& blk, Scratch& scratch) {
   const BlockMap::TileRange band = c.blocks->k_tile_range(blk.b, blk.h, walk.q_tile);
   walk.k_tile_end = std::min(band.end, (blk.k_end + kTileK - 1) / kTileK);
   c.unit->begin_block(c, blk, scratch);
+  scratch.next_queries.stop();  // AttendBlock starts it; a pair of blocks has no next block
   SoftmaxStart(p, blk.h, blk.with_sink, scratch.row_max, scratch.row_sum, scratch.poisoned, kTileQ);
   std::memset(scratch.o, 0, p.value_dim * kTileQ * sizeof(float));
   walk.next = NextVisitedTile(c, blk, walk.q_tile, std::max(band.first, blk.k_first / kTileK),
@@ -431,6 +444,7 @@ void FinishBlock(const Context& c, const Block& blk, Scratch& scratch) {
 void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
   const ProductUnit& unit = *c.unit;
   BlockWalk walk = BeginBlock(c, blk, scratch);
+  StartNextQueries(c, blk, scratch.next_queries);
   int64_t pending = -1;  // the fused path's key tile whose P·V is still to come
   while (!walk.done()) {
     const VisitedTile tile = StepWalk(c, blk, walk);

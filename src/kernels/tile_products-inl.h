@@ -29,7 +29,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/active_rows.h"  // ActiveRows, kLaneBlock: plain C++, included once
+#include "kernels/active_rows.h"      // ActiveRows, kLaneBlock: plain C++, included once
+#include "kernels/prefetch_stream.h"  // PrefetchStream: plain C++, included once
 
 HWY_BEFORE_NAMESPACE();
 namespace maskattn::detail::fused {
@@ -88,11 +89,13 @@ HWY_INLINE void ScoreLanes(const float* k, int64_t k_stride, int64_t dim, const 
   }
 }
 
-// All queries of `rows` key rows.
+// All queries of `rows` key rows. Each step of four rows also prefetches two lines of `stream`
+// (prefetch_stream.h), as do the other products' steps below.
 inline void Scores(const float* k, int64_t k_stride, int64_t rows, int64_t dim, const float* q_t,
-                   float* s) {
+                   float* s, PrefetchStream* stream = nullptr) {
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
+    PrefetchStep(stream, 2);
     ScoreLanes<4>(k + r * k_stride, k_stride, dim, q_t, s + r * kProductLanes, 0, kProductLanes);
   }
   for (; r < rows; ++r) {
@@ -117,10 +120,12 @@ inline void ActiveLanes(const ActiveRows& active, int64_t r, int64_t count, int6
 // (a triangle's tip), they go as one 8 × 1 block: four rows × one vector is only four independent
 // accumulators, half of what two FMA pipes of latency 4 need to stay busy.
 inline void ScoresActive(const float* k, int64_t k_stride, int64_t rows, int64_t dim,
-                         const float* q_t, const ActiveRows& active, float* s) {
+                         const float* q_t, const ActiveRows& active, float* s,
+                         PrefetchStream* stream = nullptr) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
   int64_t r = 0, lane_first = 0, lane_end = 0;
   for (; r + 8 <= rows; r += 8) {
+    PrefetchStep(stream, 2);
     ActiveLanes(active, r, 8, lane_first, lane_end);
     if (lane_first >= lane_end) continue;
     if (lane_end - lane_first == N) {
@@ -191,11 +196,12 @@ HWY_INLINE void OutputBlock(const float* HWY_RESTRICT v, int64_t v_stride, int64
 // The whole tile: 4 value dims × 4 vectors at a time.
 template <bool kCareful>
 void Accumulate(const float* v, int64_t v_stride, int64_t rows, int64_t value_dim, const float* p,
-                const float* alpha, float* o) {
+                const float* alpha, float* o, PrefetchStream* stream = nullptr) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
   for (int64_t x = 0; x < kProductLanes; x += 4 * N) {
     int64_t e = 0;
     for (; e + 4 <= value_dim; e += 4) {
+      PrefetchStep(stream, 1);
       OutputBlock<4, 4, kCareful>(v + e, v_stride, rows, p + x, alpha + x,
                                   o + e * kProductLanes + x);
     }
@@ -211,7 +217,8 @@ void Accumulate(const float* v, int64_t v_stride, int64_t rows, int64_t value_di
 // keep eight accumulators in flight.
 template <bool kCareful>
 void AccumulateActive(const float* v, int64_t v_stride, int64_t value_dim, const float* p,
-                      const float* alpha, const ActiveRows& active, float* o) {
+                      const float* alpha, const ActiveRows& active, float* o,
+                      PrefetchStream* stream = nullptr) {
   constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<float>()));
   constexpr int kVectors = kLanes >= kLaneBlock ? 1 : static_cast<int>(kLaneBlock / kLanes);
   constexpr int kRows = kVectors >= 8 ? 1 : 8 / kVectors;
@@ -222,6 +229,7 @@ void AccumulateActive(const float* v, int64_t v_stride, int64_t value_dim, const
     const float* p_rows = p + first * kProductLanes + x;
     int64_t e = 0;
     for (; e + kRows <= value_dim; e += kRows) {
+      PrefetchStep(stream, 1);
       OutputBlock<kRows, kVectors, kCareful>(v_rows + e, v_stride, rows, p_rows, alpha + x,
                                              o + e * kProductLanes + x);
     }
