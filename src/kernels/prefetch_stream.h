@@ -8,7 +8,10 @@
 // per tile, did not help: the prefetches themselves stalled once the core's outstanding misses were
 // full (1.7 % of the samples) and delayed the tiles' own K and V. One or two lines per product
 // step (4 key rows of the scores, 4 or 8 value dims of P·V) spread them over the block's work:
-// window 256 at N = 16384 ran 1.5–2.5 % faster on the AMD host (bench/attention_run, interleaved).
+// window 256 at N = 16384 (bench/attention_run, AMD host, interleaved, medians of 5) went from
+// 53.8 to 52.3 ms on 2 threads and from 53.9 to 52.2 ms on one (4 heads). Also prefetching the
+// key tile the next block's band gains (its K and V, through the same steps at twice the lines)
+// measured within noise of this on 2 threads, so it was left out.
 // Plain C++, not per SIMD target; prefetching changes no result.
 #pragma once
 
