@@ -110,10 +110,9 @@ void F32Scores(const Context& c, const Block& blk, int64_t g, int64_t j0, int64_
   const float* k =
       KVTileRows(p.k, p.pages, true, blk.b, g, j0, rows, p.head_dim, scratch.k, k_stride);
   if (active != nullptr) {
-    ScoresActive(k, k_stride, rows, p.head_dim, scratch.q_t, *active, scratch.s,
-                 &scratch.next_queries);
+    ScoresActive(k, k_stride, rows, p.head_dim, scratch.q_t, *active, scratch.s, &scratch.prefetch);
   } else {
-    Scores(k, k_stride, rows, p.head_dim, scratch.q_t, scratch.s, &scratch.next_queries);
+    Scores(k, k_stride, rows, p.head_dim, scratch.q_t, scratch.s, &scratch.prefetch);
   }
 }
 
@@ -126,10 +125,10 @@ void F32Accumulate(const Context& c, const Block& blk, int64_t g, int64_t j0, in
       KVTileRows(p.v, p.pages, false, blk.b, g, j0, rows, p.value_dim, scratch.v, v_stride);
   if (active != nullptr) {
     AccumulateActive<false>(v, v_stride, p.value_dim, scratch.s, scratch.alpha, *active, scratch.o,
-                            &scratch.next_queries);
+                            &scratch.prefetch);
   } else {
     Accumulate<false>(v, v_stride, rows, p.value_dim, scratch.s, scratch.alpha, scratch.o,
-                      &scratch.next_queries);
+                      &scratch.prefetch);
   }
 }
 

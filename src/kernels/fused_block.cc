@@ -55,6 +55,7 @@
 #include "kernels/scratch_arena.h"
 #include "kernels/simd-inl.h"
 #include "kernels/softmax-inl.h"
+#include "kernels/tile_prefetch.h"
 #include "kernels/tile_products-inl.h"
 #include "kernels/transpose-inl.h"
 
@@ -91,65 +92,6 @@ bool ValueTileFinite(const Context& c, int64_t b, int64_t g, int64_t k_tile, int
     flag.store(known, std::memory_order_relaxed);
   }
   return known == 1;
-}
-
-// ---- prefetching -------------------------------------------------------------------------------
-
-// Rows of one tensor to prefetch: `count` rows of `bytes`, `stride` bytes apart from `first`.
-struct RowSpan {
-  const char* first = nullptr;
-  int64_t count = 0, stride = 0, bytes = 0;
-};
-
-// Rows [l, l + count) of (b, h) in a [B, H, L, W] view with contiguous rows, W values each.
-RowSpan RowsOf(const TensorView& t, int64_t b, int64_t h, int64_t l, int64_t count, int64_t width) {
-  const int64_t size = static_cast<int64_t>(dtype_size(t.dtype()));
-  return {static_cast<const char*>(t.data()) + t.offset({b, h, l, 0}) * size, count,
-          t.stride(2) * size, width * size};
-}
-
-// The cache lines of [first, end).
-void PrefetchBytes(const char* first, const char* end) {
-  for (uintptr_t at = reinterpret_cast<uintptr_t>(first) & ~uintptr_t{63};
-       at < reinterpret_cast<uintptr_t>(end); at += 64) {
-    hwy::Prefetch(reinterpret_cast<const char*>(at));
-  }
-}
-
-void PrefetchRows(const RowSpan& span) {
-  if (span.stride == span.bytes) {  // contiguous rows: one range
-    PrefetchBytes(span.first, span.first + span.count * span.stride);
-    return;
-  }
-  for (int64_t r = 0; r < span.count; ++r) {
-    const char* row = span.first + r * span.stride;
-    PrefetchBytes(row, row + span.bytes);
-  }
-}
-
-// The K and V rows of key tile `k_tile`, all at once: for a full tile the block jumps to (BigBird's
-// random and global blocks), which no hardware prefetcher foresees. A partial tile jumped to is
-// mostly a global key or two (Longformer's spread global tokens): the products read only its
-// active rows, and fetching all 64 cost those blocks about 3 % (32 KB of K and V per tile).
-void PrefetchKeyTile(const Context& c, const Block& blk, int64_t k_tile) {
-  const Problem& p = *c.problem;
-  if (p.pages != nullptr || p.k.stride(3) != 1 || p.v.stride(3) != 1) return;
-  const int64_t g = p.kv_head(blk.h), j0 = k_tile * kTileK;
-  const int64_t rows = std::min(kTileK, p.k_len - j0);
-  PrefetchRows(RowsOf(p.k, blk.b, g, j0, rows, p.head_dim));
-  PrefetchRows(RowsOf(p.v, blk.b, g, j0, rows, p.value_dim));
-}
-
-// The queries of the block after `blk` (the same head's next 64 rows), for the f32 products to
-// prefetch while `blk` runs (prefetch_stream.h); none where its rows are not one contiguous range.
-void StartNextQueries(const Context& c, const Block& blk, PrefetchStream& stream) {
-  const Problem& p = *c.problem;
-  stream.stop();
-  const int64_t next = blk.q_first + kTileQ;
-  if (p.q.stride(3) != 1 || next >= p.q_len) return;
-  const RowSpan rows =
-      RowsOf(p.q, blk.b, blk.h, next, std::min(kTileQ, p.q_len - next), p.head_dim);
-  if (rows.stride == rows.bytes) stream.start(rows.first, rows.count * rows.bytes);
 }
 
 // ---- tile kernel: mask, finalisation, the loop -------------------------------------------------
@@ -415,7 +357,7 @@ BlockWalk BeginBlock(const Context& c, const Block& blk, Scratch& scratch) {
   const BlockMap::TileRange band = c.blocks->k_tile_range(blk.b, blk.h, walk.q_tile);
   walk.k_tile_end = std::min(band.end, (blk.k_end + kTileK - 1) / kTileK);
   c.unit->begin_block(c, blk, scratch);
-  scratch.next_queries.stop();  // AttendBlock starts it; a pair of blocks has no next block
+  scratch.prefetch.stop();  // AttendBlock and AttendBlockPair start it
   SoftmaxStart(p, blk.h, blk.with_sink, scratch.row_max, scratch.row_sum, scratch.poisoned, kTileQ);
   std::memset(scratch.o, 0, p.value_dim * kTileQ * sizeof(float));
   walk.next = NextVisitedTile(c, blk, walk.q_tile, std::max(band.first, blk.k_first / kTileK),
@@ -444,7 +386,7 @@ void FinishBlock(const Context& c, const Block& blk, Scratch& scratch) {
 void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
   const ProductUnit& unit = *c.unit;
   BlockWalk walk = BeginBlock(c, blk, scratch);
-  StartNextQueries(c, blk, scratch.next_queries);
+  StartNextQueries(c, blk, scratch.prefetch);
   int64_t pending = -1;  // the fused path's key tile whose P·V is still to come
   while (!walk.done()) {
     const VisitedTile tile = StepWalk(c, blk, walk);
@@ -473,6 +415,7 @@ void AttendBlockPair(const Context& c, const Block* blk, Scratch* scratch) {
     // The lower of the two next tiles: both blocks run it when both visit it.
     const int64_t k_tile = std::min(walk[0].done() ? INT64_MAX : walk[0].next.k_tile,
                                     walk[1].done() ? INT64_MAX : walk[1].next.k_tile);
+    StartNextKeyTile(c, blk[0], k_tile, std::max(walk[0].k_tile_end, walk[1].k_tile_end), scratch);
     for (int n = 0; n < 2; ++n) {
       if (walk[n].done() || walk[n].next.k_tile != k_tile) continue;
       const VisitedTile tile = StepWalk(c, blk[n], walk[n]);

@@ -41,8 +41,9 @@ struct Scratch {
   float* lse = nullptr;         // [kTileQ]
   uint64_t* allowed = nullptr;  // [kTileQ + kTileK] bit rows of a partial tile
   uint64_t* keep = nullptr;     // [2·kTileK] dropout's keep bits of a tile (and the next group)
-  // The next block's queries, prefetched by the f32 products' steps (prefetch_stream.h).
-  PrefetchStream next_queries;
+  // What the f32 products' steps prefetch as they run (prefetch_stream.h): the next block's
+  // queries, or for a pair of blocks the next key tile's K (first block) or V (second).
+  PrefetchStream prefetch;
   // The product unit's own operands (ProductUnit::thread_bytes), 64-byte aligned, the arena's last
   // piece: the unit's file carves them (bf16 query and weight pairs, a bf16 key tail, …).
   void* unit = nullptr;

@@ -1,0 +1,97 @@
+// The tile kernel's software prefetches (fused_block.cc): rows of Q, K and V that the hardware
+// prefetchers do not foresee, requested all at once (a key tile a block jumps to) or a few lines
+// per product step through a PrefetchStream (prefetch_stream.h says why and what each gained).
+// Plain C++, not per SIMD target: prefetching changes no result.
+#pragma once
+
+#include <hwy/cache_control.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/fused_block.h"
+#include "kernels/prefetch_stream.h"
+
+namespace maskattn::detail::fused {
+
+// Rows of one tensor to prefetch: `count` rows of `bytes`, `stride` bytes apart from `first`.
+struct RowSpan {
+  const char* first = nullptr;
+  int64_t count = 0, stride = 0, bytes = 0;
+};
+
+// Rows [l, l + count) of (b, h) in a [B, H, L, W] view with contiguous rows, W values each.
+inline RowSpan RowsOf(const TensorView& t, int64_t b, int64_t h, int64_t l, int64_t count,
+                      int64_t width) {
+  const int64_t size = static_cast<int64_t>(dtype_size(t.dtype()));
+  return {static_cast<const char*>(t.data()) + t.offset({b, h, l, 0}) * size, count,
+          t.stride(2) * size, width * size};
+}
+
+// The cache lines of [first, end).
+inline void PrefetchBytes(const char* first, const char* end) {
+  for (uintptr_t at = reinterpret_cast<uintptr_t>(first) & ~uintptr_t{63};
+       at < reinterpret_cast<uintptr_t>(end); at += 64) {
+    hwy::Prefetch(reinterpret_cast<const char*>(at));
+  }
+}
+
+inline void PrefetchRows(const RowSpan& span) {
+  if (span.stride == span.bytes) {  // contiguous rows: one range
+    PrefetchBytes(span.first, span.first + span.count * span.stride);
+    return;
+  }
+  for (int64_t r = 0; r < span.count; ++r) {
+    const char* row = span.first + r * span.stride;
+    PrefetchBytes(row, row + span.bytes);
+  }
+}
+
+// The K and V rows of key tile `k_tile`, all at once: for a full tile the block jumps to (BigBird's
+// random and global blocks), which no hardware prefetcher foresees. A partial tile jumped to is
+// mostly a global key or two (Longformer's spread global tokens): the products read only its
+// active rows, and fetching all 64 cost those blocks about 3 % (32 KB of K and V per tile).
+inline void PrefetchKeyTile(const Context& c, const Block& blk, int64_t k_tile) {
+  const Problem& p = *c.problem;
+  if (p.pages != nullptr || p.k.stride(3) != 1 || p.v.stride(3) != 1) return;
+  const int64_t g = p.kv_head(blk.h), j0 = k_tile * kTileK;
+  const int64_t rows = std::min(kTileK, p.k_len - j0);
+  PrefetchRows(RowsOf(p.k, blk.b, g, j0, rows, p.head_dim));
+  PrefetchRows(RowsOf(p.v, blk.b, g, j0, rows, p.value_dim));
+}
+
+// The queries of the block after `blk` (the same head's next 64 rows), for the f32 products to
+// prefetch while `blk` runs (prefetch_stream.h); none where its rows are not one contiguous range.
+inline void StartNextQueries(const Context& c, const Block& blk, PrefetchStream& stream) {
+  const Problem& p = *c.problem;
+  stream.stop();
+  const int64_t next = blk.q_first + kTileQ;
+  if (p.q.stride(3) != 1 || next >= p.q_len) return;
+  const RowSpan rows =
+      RowsOf(p.q, blk.b, blk.h, next, std::min(kTileQ, p.q_len - next), p.head_dim);
+  if (rows.stride == rows.bytes) stream.start(rows.first, rows.count * rows.bytes);
+}
+
+// A pair's requests while key tile `k_tile` computes: the next tile's K rows through the first
+// block's steps, its V rows through the second's, 4 lines a step unit (prefetch_stream.h); none
+// past `k_tile_end` (the pair's walks end there), for paged caches, or where rows are not
+// contiguous. A tile the walks jump to instead is prefetched whole by StepWalk.
+inline void StartNextKeyTile(const Context& c, const Block& blk, int64_t k_tile, int64_t k_tile_end,
+                             Scratch* scratch) {
+  constexpr int kLinesPerUnit = 4;
+  const Problem& p = *c.problem;
+  scratch[0].prefetch.stop();
+  scratch[1].prefetch.stop();
+  const int64_t j0 = (k_tile + 1) * kTileK;
+  if (p.pages != nullptr || p.k.stride(3) != 1 || p.v.stride(3) != 1 || k_tile + 1 >= k_tile_end ||
+      j0 >= p.k_len) {
+    return;
+  }
+  const int64_t g = p.kv_head(blk.h), rows = std::min(kTileK, p.k_len - j0);
+  const RowSpan k = RowsOf(p.k, blk.b, g, j0, rows, p.head_dim);
+  const RowSpan v = RowsOf(p.v, blk.b, g, j0, rows, p.value_dim);
+  if (k.stride == k.bytes) scratch[0].prefetch.start(k.first, k.count * k.bytes, kLinesPerUnit);
+  if (v.stride == v.bytes) scratch[1].prefetch.start(v.first, v.count * v.bytes, kLinesPerUnit);
+}
+
+}  // namespace maskattn::detail::fused
