@@ -415,11 +415,20 @@ void AttendBlockPair(const Context& c, const Block* blk, Scratch* scratch) {
     // The lower of the two next tiles: both blocks run it when both visit it.
     const int64_t k_tile = std::min(walk[0].done() ? INT64_MAX : walk[0].next.k_tile,
                                     walk[1].done() ? INT64_MAX : walk[1].next.k_tile);
-    StartNextKeyTile(c, blk[0], k_tile, std::max(walk[0].k_tile_end, walk[1].k_tile_end), scratch);
+    VisitedTile tile[2] = {{-1, TileKind::empty}, {-1, TileKind::empty}};
+    Scratch* running[2] = {nullptr, nullptr};  // the scratch of each block that runs the tile
+    int count = 0;
     for (int n = 0; n < 2; ++n) {
       if (walk[n].done() || walk[n].next.k_tile != k_tile) continue;
-      const VisitedTile tile = StepWalk(c, blk[n], walk[n]);
-      AttendTile(c, blk[n], tile.k_tile, tile.kind, scratch[n]);
+      tile[n] = StepWalk(c, blk[n], walk[n]);
+      running[count++] = &scratch[n];
+    }
+    // The tile the walks go to next, requested while this one runs when it is the adjacent one.
+    const int64_t next = std::min(walk[0].done() ? INT64_MAX : walk[0].next.k_tile,
+                                  walk[1].done() ? INT64_MAX : walk[1].next.k_tile);
+    StartNextKeyTile(c, blk[0], next == k_tile + 1 ? next : -1, running);
+    for (int n = 0; n < 2; ++n) {
+      if (tile[n].k_tile == k_tile) AttendTile(c, blk[n], k_tile, tile[n].kind, scratch[n]);
     }
   }
   for (int n = 0; n < 2; ++n) FinishBlock(c, blk[n], scratch[n]);

@@ -72,26 +72,29 @@ inline void StartNextQueries(const Context& c, const Block& blk, PrefetchStream&
   if (rows.stride == rows.bytes) stream.start(rows.first, rows.count * rows.bytes);
 }
 
-// A pair's requests while key tile `k_tile` computes: the next tile's K rows through the first
-// block's steps, its V rows through the second's, 4 lines a step unit (prefetch_stream.h); none
-// past `k_tile_end` (the pair's walks end there), for paged caches, or where rows are not
-// contiguous. A tile the walks jump to instead is prefetched whole by StepWalk.
-inline void StartNextKeyTile(const Context& c, const Block& blk, int64_t k_tile, int64_t k_tile_end,
-                             Scratch* scratch) {
+// A pair's requests while a key tile computes: key tile `next` (or none, when negative), its K rows
+// through the steps of the first block that runs the tile, its V rows through the second's (K
+// alone when one block runs it), 4 lines a step unit (prefetch_stream.h); none for paged caches
+// or where rows are not contiguous. A tile the walks jump to instead is prefetched whole by
+// StepWalk (fused_block.cc).
+inline void StartNextKeyTile(const Context& c, const Block& blk, int64_t next, Scratch** running) {
   constexpr int kLinesPerUnit = 4;
   const Problem& p = *c.problem;
-  scratch[0].prefetch.stop();
-  scratch[1].prefetch.stop();
-  const int64_t j0 = (k_tile + 1) * kTileK;
-  if (p.pages != nullptr || p.k.stride(3) != 1 || p.v.stride(3) != 1 || k_tile + 1 >= k_tile_end ||
-      j0 >= p.k_len) {
+  for (int n = 0; n < 2; ++n) {
+    if (running[n] != nullptr) running[n]->prefetch.stop();
+  }
+  const int64_t j0 = next * kTileK;
+  if (next < 0 || p.pages != nullptr || p.k.stride(3) != 1 || p.v.stride(3) != 1 || j0 >= p.k_len ||
+      running[0] == nullptr) {
     return;
   }
   const int64_t g = p.kv_head(blk.h), rows = std::min(kTileK, p.k_len - j0);
   const RowSpan k = RowsOf(p.k, blk.b, g, j0, rows, p.head_dim);
   const RowSpan v = RowsOf(p.v, blk.b, g, j0, rows, p.value_dim);
-  if (k.stride == k.bytes) scratch[0].prefetch.start(k.first, k.count * k.bytes, kLinesPerUnit);
-  if (v.stride == v.bytes) scratch[1].prefetch.start(v.first, v.count * v.bytes, kLinesPerUnit);
+  if (k.stride == k.bytes) running[0]->prefetch.start(k.first, k.count * k.bytes, kLinesPerUnit);
+  if (running[1] != nullptr && v.stride == v.bytes) {
+    running[1]->prefetch.start(v.first, v.count * v.bytes, kLinesPerUnit);
+  }
 }
 
 }  // namespace maskattn::detail::fused
