@@ -16,7 +16,8 @@
 // - A pair of blocks of a long band (fused_block.cc's AttendBlockPair) walks a head's K and V
 //   tile after tile; at N = 16384 they come from L3 or memory. While a tile computes, the first
 //   block's steps request the next tile's K rows and the second's its V rows, four lines a unit
-//   (16 KB each over the tile's 48 units): dense N = 16384 on 2 threads, 2917 → 2815 ms.
+//   (16 KB each over the tile's 48 units): dense N = 16384 on 2 threads, 2929 → 2837 ms
+//   (bench/attention_run, interleaved), the N = 4096 rate per pair.
 // Plain C++, not per SIMD target; prefetching changes no result.
 #pragma once
 
