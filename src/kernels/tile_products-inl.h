@@ -89,8 +89,8 @@ HWY_INLINE void ScoreLanes(const float* k, int64_t k_stride, int64_t dim, const 
   }
 }
 
-// All queries of `rows` key rows. Each step of four rows also prefetches two lines of `stream`
-// (prefetch_stream.h), as do the other products' steps below.
+// All queries of `rows` key rows. Each step of four rows also prefetches two step units' lines of
+// `stream` (prefetch_stream.h); the other products' steps below one unit's.
 inline void Scores(const float* k, int64_t k_stride, int64_t rows, int64_t dim, const float* q_t,
                    float* s, PrefetchStream* stream = nullptr) {
   int64_t r = 0;

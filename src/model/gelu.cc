@@ -42,6 +42,7 @@
 #include <algorithm>
 
 #include "model/gelu.h"
+#include "model/parallel_ranges.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace maskattn::model {
@@ -149,36 +150,17 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace maskattn::model {
 
-namespace {
-
-// Elements per task. A chunk takes a few microseconds, so a call below two chunks (a decoding
-// step's one row) runs on the calling thread rather than wake the team for it.
-constexpr int64_t kChunk = 16384;
-
-template <class Body>
-void over_chunks(int64_t count, int threads, const Body& body) {
-  const int64_t chunks = (count + kChunk - 1) / kChunk;
-  if (chunks < 2 || threads <= 1) {
-    body(0, count);
-    return;
-  }
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t c = 0; c < chunks; ++c) body(c * kChunk, std::min(kChunk, count - c * kChunk));
-}
-
-}  // namespace
-
 HWY_EXPORT(GeluForwardImpl);
 HWY_EXPORT(GeluBackwardImpl);
 
 void gelu_forward(const float* x, int64_t count, float* y, int threads) {
-  over_chunks(count, threads, [&](int64_t first, int64_t size) {
+  for_chunks(count, threads, [&](int64_t first, int64_t size) {
     HWY_DYNAMIC_DISPATCH(GeluForwardImpl)(x + first, size, y + first);
   });
 }
 
 void gelu_backward(const float* x, const float* dy, int64_t count, float* dx, int threads) {
-  over_chunks(count, threads, [&](int64_t first, int64_t size) {
+  for_chunks(count, threads, [&](int64_t first, int64_t size) {
     HWY_DYNAMIC_DISPATCH(GeluBackwardImpl)(x + first, dy + first, size, dx + first);
   });
 }

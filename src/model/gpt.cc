@@ -8,10 +8,10 @@
 
 #include "kernels/gemm.h"
 #include "maskattn/error.h"
-#include "model/column_ranges.h"
 #include "model/gelu.h"
 #include "model/layer_norm.h"
 #include "model/linear.h"
+#include "model/parallel_ranges.h"
 #include "model/self_attention.h"
 
 namespace maskattn::model {
@@ -32,7 +32,7 @@ void embed(const float* wte, const float* wpe, const GptBatch& batch, int64_t wi
 }
 
 // The embeddings' backward: dwte[token r] += dx[r] and dwpe[position r] += dx[r] for r in row
-// order (rows sharing a token or a position add in that order: model/column_ranges.h).
+// order (rows sharing a token or a position add in that order: model/parallel_ranges.h).
 void embed_backward(const float* dx, const GptBatch& batch, int64_t width, float* dwte, float* dwpe,
                     int threads) {
   const int64_t rows = batch.batch * batch.length;
@@ -47,16 +47,12 @@ void embed_backward(const float* dx, const GptBatch& batch, int64_t width, float
   });
 }
 
-// grads = 0, the threads taking halves (a serial fill of the default model's 3 MB had kept the
+// grads = 0 in chunks over the threads (a serial fill of the default model's 3 MB had kept the
 // other thread waiting).
 void zero(float* data, int64_t count, int threads) {
-  constexpr int64_t kChunk = int64_t{1} << 16;
-  const int64_t chunks = (count + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) \
-    num_threads(threads > 0 ? threads : 1) if (threads != 1 && chunks > 1)
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    std::fill(data + chunk * kChunk, data + std::min(count, (chunk + 1) * kChunk), 0.0f);
-  }
+  for_chunks(count, threads, [&](int64_t first, int64_t size) {
+    std::fill(data + first, data + first + size, 0.0f);
+  });
 }
 
 // Where block `o`'s attention parameters (or their gradients) are in the flat array `base`.

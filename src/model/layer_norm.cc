@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "model/column_ranges.h"
+#include "model/parallel_ranges.h"
 
 namespace maskattn::model {
 
@@ -67,7 +67,7 @@ void layer_norm_backward(const float* x, const float* dy, int64_t rows, int64_t 
       out[n] = accumulate_dx ? out[n] + term : term;
     }
   }
-  // Parameter gradients: sums over rows (model/column_ranges.h).
+  // Parameter gradients: sums over rows (model/parallel_ranges.h).
   for_column_ranges(rows, width, threads, [&](int64_t first, int64_t end) {
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = x + r * width;

@@ -2,7 +2,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/matmul.h"
-#include "model/column_ranges.h"
+#include "model/parallel_ranges.h"
 
 namespace maskattn::model {
 
