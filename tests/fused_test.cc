@@ -405,15 +405,14 @@ TEST(FusedPrefetch, StreamCoversEveryLineOfItsRangeOnceThenStops) {
       stream.start(buffer + offset, bytes);
       std::vector<const char*> lines;
       while (!stream.done()) {
-        lines.push_back(stream.at);
+        lines.push_back(stream.next());
         stream.step();
       }
       const int64_t expected = (offset + bytes + 63) / 64;  // lines meeting [offset, offset+bytes)
       ASSERT_EQ(static_cast<int64_t>(lines.size()), expected) << offset << " " << bytes;
       for (size_t n = 0; n < lines.size(); ++n) EXPECT_EQ(lines[n], buffer + 64 * n);
-      const char* at = stream.at;
       detail::fused::PrefetchStep(&stream, 3);  // past the end: no further line
-      EXPECT_EQ(stream.at, at);
+      EXPECT_EQ(stream.next(), nullptr);
     }
   }
   detail::fused::PrefetchStream stopped;
@@ -421,6 +420,32 @@ TEST(FusedPrefetch, StreamCoversEveryLineOfItsRangeOnceThenStops) {
   stopped.stop();
   EXPECT_TRUE(stopped.done());
   detail::fused::PrefetchStep(nullptr, 2);  // no stream: nothing to do
+}
+
+// A stream of several ranges (the next block's queries, then a key tile's K and V) walks them in
+// the order they were added, each from the line holding its first byte; an empty range and ranges
+// past kMaxRanges are left out; start() forgets the ranges before it.
+TEST(FusedPrefetch, StreamWalksItsRangesInTheOrderAdded) {
+  alignas(64) static char buffer[64 * 40];
+  detail::fused::PrefetchStream stream;
+  stream.start(buffer + 64 * 30, 64 * 2, 4);
+  stream.add(buffer + 5, 64);  // lines 0 and 1
+  stream.add(buffer, 0);       // empty: ignored
+  stream.add(buffer + 64 * 10, 1);
+  stream.add(buffer + 64 * 20, 64);  // a fourth range: beyond kMaxRanges
+  EXPECT_EQ(stream.lines_per_unit, 4);
+  std::vector<const char*> lines;
+  while (!stream.done()) {
+    lines.push_back(stream.next());
+    stream.step();
+  }
+  const std::vector<const char*> expected = {buffer + 64 * 30, buffer + 64 * 31, buffer,
+                                             buffer + 64, buffer + 64 * 10};
+  EXPECT_EQ(lines, expected);
+  stream.start(buffer + 64 * 2, 64);
+  EXPECT_EQ(stream.next(), buffer + 64 * 2);
+  stream.step();
+  EXPECT_TRUE(stream.done());
 }
 
 TEST(FusedExp, WithinThreeTenthsOfAMillionthOverTheSoftmaxRange) {

@@ -386,7 +386,7 @@ void FinishBlock(const Context& c, const Block& blk, Scratch& scratch) {
 void AttendBlock(const Context& c, const Block& blk, Scratch& scratch) {
   const ProductUnit& unit = *c.unit;
   BlockWalk walk = BeginBlock(c, blk, scratch);
-  StartNextQueries(c, blk, scratch.prefetch);
+  StartNextBlock(c, blk, scratch.prefetch);
   int64_t pending = -1;  // the fused path's key tile whose P·V is still to come
   while (!walk.done()) {
     const VisitedTile tile = StepWalk(c, blk, walk);

@@ -1,4 +1,4 @@
-// A range of memory the tile kernel prefetches a few cache lines at a time between the steps of
+// Ranges of memory the tile kernel prefetches a few cache lines at a time between the steps of
 // its products (tile_products-inl.h): what the block (or pair of blocks) will read next and the
 // hardware prefetchers do not foresee, while the current tile computes.
 //
@@ -12,7 +12,11 @@
 //   key rows of the scores is two units, one of 4 or 8 value dims of P·V one) spread them over
 //   the block's work: window 256 at N = 16384 (bench/attention_run, AMD host, interleaved, medians
 //   of 5) went from 53.8 to 52.3 ms on 2 threads and from 53.9 to 52.2 ms on one (4 heads).
-//   Prefetching the key tile the next block's band gains, too, measured within noise.
+//   The key tile the next block's band gains came next: through the same stream after the
+//   queries, four lines a unit, its K then V rows, which the block had otherwise met cold on its
+//   first visit (V's finiteness check and the scores waited for them): 52.9 → 51.2 ms together
+//   with longer runs of blocks (fused.cc), of which the prefetch alone was about 2.5 % (an
+//   earlier version of it had measured within noise).
 // - A pair of blocks of a long band (fused_block.cc's AttendBlockPair) walks a head's K and V
 //   tile after tile; at N = 16384 they come from L3 or memory. While a tile computes, the first
 //   block's steps request the next tile's K rows and the second's its V rows, four lines a unit
@@ -27,27 +31,42 @@
 
 namespace maskattn::detail::fused {
 
+// Up to kMaxRanges ranges, walked in the order they were added, a line at a time.
 struct PrefetchStream {
-  const char* at = nullptr;
-  const char* end = nullptr;
+  static constexpr int kMaxRanges = 3;  // the next block's queries, then a key tile's K and V
+  struct Range {
+    const char* at = nullptr;
+    const char* end = nullptr;
+  };
+  Range ranges[kMaxRanges];
+  int count = 0, current = 0;
   int lines_per_unit = 1;
 
-  // [first, first + bytes), from the cache line holding `first`.
+  // [first, first + bytes), from the cache line holding `first`, alone.
   void start(const void* first, int64_t bytes, int lines = 1) {
-    const auto address = reinterpret_cast<uintptr_t>(first);
-    at = reinterpret_cast<const char*>(address & ~uintptr_t{63});
-    end = static_cast<const char*>(first) + bytes;
+    stop();
     lines_per_unit = lines;
+    add(first, bytes);
   }
-  void stop() { at = end = nullptr; }
-  bool done() const { return at >= end; }
+  // [first, first + bytes) after the ranges already there (ignored when kMaxRanges are).
+  void add(const void* first, int64_t bytes) {
+    if (count == kMaxRanges || bytes <= 0) return;
+    const auto address = reinterpret_cast<uintptr_t>(first);
+    ranges[count++] = {reinterpret_cast<const char*>(address & ~uintptr_t{63}),
+                       static_cast<const char*>(first) + bytes};
+  }
+  void stop() { count = current = 0; }
+  bool done() const { return current >= count; }
+  // The line step() prefetches next (null when done).
+  const char* next() const { return done() ? nullptr : ranges[current].at; }
 
   // The next line, if any is left.
   void step() {
-    if (at < end) {
-      hwy::Prefetch(at);
-      at += 64;
-    }
+    if (done()) return;
+    Range& range = ranges[current];
+    hwy::Prefetch(range.at);
+    range.at += 64;
+    if (range.at >= range.end) ++current;
   }
 };
 

@@ -60,9 +60,13 @@ inline void PrefetchKeyTile(const Context& c, const Block& blk, int64_t k_tile) 
   PrefetchRows(RowsOf(p.v, blk.b, g, j0, rows, p.value_dim));
 }
 
-// The queries of the block after `blk` (the same head's next 64 rows), for the f32 products to
-// prefetch while `blk` runs (prefetch_stream.h); none where its rows are not one contiguous range.
-inline void StartNextQueries(const Context& c, const Block& blk, PrefetchStream& stream) {
+// What the block after `blk` (the same head's next 64 queries) reads first and `blk` does not, for
+// the f32 products to prefetch while `blk` runs (prefetch_stream.h): its queries, and when its
+// band ends one key tile further (a band along the diagonal: a sliding window, a causal chunk) that
+// tile's K and V rows, four lines a step unit then (a block of a window of 256 keys has about 200
+// units for its 768 lines); nothing of a range whose rows are not one contiguous range.
+inline void StartNextBlock(const Context& c, const Block& blk, PrefetchStream& stream) {
+  constexpr int kLinesPerUnitWithKeys = 4;
   const Problem& p = *c.problem;
   stream.stop();
   const int64_t next = blk.q_first + kTileQ;
@@ -70,6 +74,19 @@ inline void StartNextQueries(const Context& c, const Block& blk, PrefetchStream&
   const RowSpan rows =
       RowsOf(p.q, blk.b, blk.h, next, std::min(kTileQ, p.q_len - next), p.head_dim);
   if (rows.stride == rows.bytes) stream.start(rows.first, rows.count * rows.bytes);
+  if (p.pages != nullptr || p.k.stride(3) != 1 || p.v.stride(3) != 1) return;
+  const int64_t q_tile = blk.q_first / kTileQ;
+  const int64_t end = c.blocks->k_tile_range(blk.b, blk.h, q_tile).end;
+  if (c.blocks->k_tile_range(blk.b, blk.h, q_tile + 1).end != end + 1) return;
+  const int64_t g = p.kv_head(blk.h), j0 = end * kTileK;
+  if (j0 >= std::min(p.k_len, blk.k_end)) return;
+  const int64_t keys = std::min(kTileK, p.k_len - j0);
+  const RowSpan k = RowsOf(p.k, blk.b, g, j0, keys, p.head_dim);
+  const RowSpan v = RowsOf(p.v, blk.b, g, j0, keys, p.value_dim);
+  if (k.stride != k.bytes || v.stride != v.bytes) return;
+  stream.lines_per_unit = kLinesPerUnitWithKeys;
+  stream.add(k.first, k.count * k.bytes);
+  stream.add(v.first, v.count * v.bytes);
 }
 
 // A pair's requests while a key tile computes: key tile `next` (or none, when negative), its K rows
