@@ -18,6 +18,9 @@ namespace maskattn::detail::fused {
 struct RowSpan {
   const char* first = nullptr;
   int64_t count = 0, stride = 0, bytes = 0;
+
+  bool contiguous() const { return stride == bytes; }  // one range, which a stream can walk
+  int64_t total_bytes() const { return count * bytes; }
 };
 
 // Rows [l, l + count) of (b, h) in a [B, H, L, W] view with contiguous rows, W values each.
@@ -37,7 +40,7 @@ inline void PrefetchBytes(const char* first, const char* end) {
 }
 
 inline void PrefetchRows(const RowSpan& span) {
-  if (span.stride == span.bytes) {  // contiguous rows: one range
+  if (span.contiguous()) {
     PrefetchBytes(span.first, span.first + span.count * span.stride);
     return;
   }
@@ -47,17 +50,30 @@ inline void PrefetchRows(const RowSpan& span) {
   }
 }
 
+// The K and V rows of key tile `k_tile` of the block's kv head; false where none can be prefetched
+// (a paged cache, rows whose values are not contiguous, a tile past the keys).
+struct KeyTileRows {
+  RowSpan k, v;
+};
+inline bool RowsOfKeyTile(const Context& c, const Block& blk, int64_t k_tile, KeyTileRows& rows) {
+  const Problem& p = *c.problem;
+  const int64_t j0 = k_tile * kTileK;
+  if (p.pages != nullptr || p.k.stride(3) != 1 || p.v.stride(3) != 1 || j0 >= p.k_len) return false;
+  const int64_t g = p.kv_head(blk.h), count = std::min(kTileK, p.k_len - j0);
+  rows = {RowsOf(p.k, blk.b, g, j0, count, p.head_dim),
+          RowsOf(p.v, blk.b, g, j0, count, p.value_dim)};
+  return true;
+}
+
 // The K and V rows of key tile `k_tile`, all at once: for a full tile the block jumps to (BigBird's
 // random and global blocks), which no hardware prefetcher foresees. A partial tile jumped to is
 // mostly a global key or two (Longformer's spread global tokens): the products read only its
 // active rows, and fetching all 64 cost those blocks about 3 % (32 KB of K and V per tile).
 inline void PrefetchKeyTile(const Context& c, const Block& blk, int64_t k_tile) {
-  const Problem& p = *c.problem;
-  if (p.pages != nullptr || p.k.stride(3) != 1 || p.v.stride(3) != 1) return;
-  const int64_t g = p.kv_head(blk.h), j0 = k_tile * kTileK;
-  const int64_t rows = std::min(kTileK, p.k_len - j0);
-  PrefetchRows(RowsOf(p.k, blk.b, g, j0, rows, p.head_dim));
-  PrefetchRows(RowsOf(p.v, blk.b, g, j0, rows, p.value_dim));
+  KeyTileRows rows;
+  if (!RowsOfKeyTile(c, blk, k_tile, rows)) return;
+  PrefetchRows(rows.k);
+  PrefetchRows(rows.v);
 }
 
 // What the block after `blk` (the same head's next 64 queries) reads first and `blk` does not, for
@@ -71,22 +87,18 @@ inline void StartNextBlock(const Context& c, const Block& blk, PrefetchStream& s
   stream.stop();
   const int64_t next = blk.q_first + kTileQ;
   if (p.q.stride(3) != 1 || next >= p.q_len) return;
-  const RowSpan rows =
+  const RowSpan queries =
       RowsOf(p.q, blk.b, blk.h, next, std::min(kTileQ, p.q_len - next), p.head_dim);
-  if (rows.stride == rows.bytes) stream.start(rows.first, rows.count * rows.bytes);
-  if (p.pages != nullptr || p.k.stride(3) != 1 || p.v.stride(3) != 1) return;
+  if (queries.contiguous()) stream.start(queries.first, queries.total_bytes());
   const int64_t q_tile = blk.q_first / kTileQ;
   const int64_t end = c.blocks->k_tile_range(blk.b, blk.h, q_tile).end;
   if (c.blocks->k_tile_range(blk.b, blk.h, q_tile + 1).end != end + 1) return;
-  const int64_t g = p.kv_head(blk.h), j0 = end * kTileK;
-  if (j0 >= std::min(p.k_len, blk.k_end)) return;
-  const int64_t keys = std::min(kTileK, p.k_len - j0);
-  const RowSpan k = RowsOf(p.k, blk.b, g, j0, keys, p.head_dim);
-  const RowSpan v = RowsOf(p.v, blk.b, g, j0, keys, p.value_dim);
-  if (k.stride != k.bytes || v.stride != v.bytes) return;
+  KeyTileRows rows;
+  if (end * kTileK >= blk.k_end || !RowsOfKeyTile(c, blk, end, rows)) return;
+  if (!rows.k.contiguous() || !rows.v.contiguous()) return;
   stream.lines_per_unit = kLinesPerUnitWithKeys;
-  stream.add(k.first, k.count * k.bytes);
-  stream.add(v.first, v.count * v.bytes);
+  stream.add(rows.k.first, rows.k.total_bytes());
+  stream.add(rows.v.first, rows.v.total_bytes());
 }
 
 // A pair's requests while a key tile computes: key tile `next` (or none, when negative), its K rows
@@ -96,21 +108,16 @@ inline void StartNextBlock(const Context& c, const Block& blk, PrefetchStream& s
 // StepWalk (fused_block.cc).
 inline void StartNextKeyTile(const Context& c, const Block& blk, int64_t next, Scratch** running) {
   constexpr int kLinesPerUnit = 4;
-  const Problem& p = *c.problem;
   for (int n = 0; n < 2; ++n) {
     if (running[n] != nullptr) running[n]->prefetch.stop();
   }
-  const int64_t j0 = next * kTileK;
-  if (next < 0 || p.pages != nullptr || p.k.stride(3) != 1 || p.v.stride(3) != 1 || j0 >= p.k_len ||
-      running[0] == nullptr) {
-    return;
+  KeyTileRows rows;
+  if (next < 0 || running[0] == nullptr || !RowsOfKeyTile(c, blk, next, rows)) return;
+  if (rows.k.contiguous()) {
+    running[0]->prefetch.start(rows.k.first, rows.k.total_bytes(), kLinesPerUnit);
   }
-  const int64_t g = p.kv_head(blk.h), rows = std::min(kTileK, p.k_len - j0);
-  const RowSpan k = RowsOf(p.k, blk.b, g, j0, rows, p.head_dim);
-  const RowSpan v = RowsOf(p.v, blk.b, g, j0, rows, p.value_dim);
-  if (k.stride == k.bytes) running[0]->prefetch.start(k.first, k.count * k.bytes, kLinesPerUnit);
-  if (running[1] != nullptr && v.stride == v.bytes) {
-    running[1]->prefetch.start(v.first, v.count * v.bytes, kLinesPerUnit);
+  if (running[1] != nullptr && rows.v.contiguous()) {
+    running[1]->prefetch.start(rows.v.first, rows.v.total_bytes(), kLinesPerUnit);
   }
 }
 
